@@ -1,0 +1,1 @@
+"""Chat platform adapters: each turns platform events into ``IncomingMessage`` and renders replies."""

@@ -1,0 +1,415 @@
+"""opsbot's configuration: one typed settings object, declared once, documented per field.
+
+Sources, strongest first: keyword arguments (tests), ``OPSBOT_...`` environment variables
+(nested with ``__``, e.g. ``OPSBOT_ENGINE__MODEL``), the TOML file (``OPSBOT_CONFIG`` or
+``./opsbot.toml``), then the defaults here. Secrets are ``SecretStr``: they print as ``**********``
+and are only unwrapped where a client needs them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "OPSBOT_"
+CONFIG_FILE_ENV = "OPSBOT_CONFIG"
+DEFAULT_CONFIG_FILE = "opsbot.toml"
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as one line: the key, what is wrong, how to fix it."""
+
+
+def default_data_dir() -> Path:
+    """Where opsbot keeps its SQLite file and generated test model by default."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "opsbot"
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors (typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class EngineSettings(Section):
+    """The in-process inference engine."""
+
+    backend: Literal["auto", "cpu", "vllm"] = "auto"
+    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU) or ``auto`` (vllm when CUDA and
+    vLLM are importable, else cpu)."""
+    model: str | None = None
+    """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
+    tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
+    tokenizer: str | None = None
+    """Tokenizer folder or id when it differs from ``model``."""
+    revision: str | None = None
+    """Hugging Face revision (branch, tag or commit) of ``model``."""
+    trust_remote_code: bool = False
+    """Allow model code from the model folder / hub (only for models you trust)."""
+    dtype: str = "auto"
+    """Weight and activation dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``."""
+    quantization: str | None = None
+    """Override the detected quantization (``awq``, ``gptq``, ``fp8``, ``compressed-tensors``,
+    ``bitsandbytes``); ``fp8`` on a bf16 checkpoint quantizes online on Hopper GPUs."""
+    kv_cache_dtype: str = "auto"
+    """KV-cache dtype (``auto`` or ``fp8``): fp8 doubles cache capacity at a small accuracy cost."""
+    load_format: str = "auto"
+    """vLLM weight loading (``auto``, ``safetensors``, ``dummy`` for random weights in benchmarks)."""
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (weights + KV cache)."""
+    max_model_len: int = Field(4096, ge=256)
+    """Context window in tokens (prompt + answer)."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences decoded together in one batch (continuous batching width)."""
+    max_num_batched_tokens: int | None = Field(8192, ge=256)
+    """Tokens per scheduler step (prefill chunk budget); ``None`` keeps vLLM's default."""
+    block_size: int = Field(16, ge=1)
+    """PagedAttention KV block size in tokens."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes (the shared system prompt)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one model is split across."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
+    compilation_level: int | None = None
+    """vLLM compilation level (0-3); ``None`` keeps vLLM's default."""
+    seed: int = 0
+    """Engine random seed."""
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    """vLLM scheduler policy; ``priority`` lets urgent lanes jump the waiting queue."""
+    on_dead: Literal["restart", "exit"] = "restart"
+    """When the engine dies: restart it in-process, or exit non-zero for a supervisor."""
+    max_restarts: int = Field(3, ge=0)
+    """Restarts allowed before giving up and exiting non-zero."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """Graceful shutdown: seconds in-flight requests may still run."""
+    request_timeout_s: float = Field(300.0, gt=0)
+    """A generation running longer than this is aborted."""
+    cpu_threads: int | None = Field(None, ge=1)
+    """torch threads for the CPU engine (``None``: torch's default)."""
+    cpu_max_concurrency: int = Field(4, ge=1)
+    """Requests the CPU engine decodes at once."""
+
+
+class AdmissionSettings(Section):
+    """Lane admission control in front of the engine (``inference.admission``)."""
+
+    max_in_flight: dict[str, int] = Field(
+        default_factory=lambda: {"urgent": 64, "normal": 48, "background": 32}
+    )
+    """Most requests of each lane inside the engine at once."""
+    background_max_in_flight_when_urgent: int = Field(8, ge=0)
+    """While urgent work waits or runs, background requests admitted are capped at this."""
+    max_queue: dict[str, int] = Field(
+        default_factory=lambda: {"urgent": 1000, "normal": 1000, "background": 1000}
+    )
+    """Most requests waiting per lane; more are refused with a clear message."""
+    queue_timeout_s: float = Field(120.0, gt=0)
+    """A request waiting longer than this for admission fails with 'overloaded'."""
+
+
+class PromptSettings(Section):
+    """The shared system prompt and how the context window is shared out."""
+
+    system_prompt: str | None = None
+    """System prompt text (byte-identical for every request, so it stays in the prefix cache).
+    Unset: the built-in prompt in ``bot/prompts.py``."""
+    system_prompt_file: Path | None = None
+    """Read the system prompt from this file instead (wins over ``system_prompt``)."""
+    context_share: float = Field(0.45, gt=0, lt=1)
+    """Share of the context window cluster context may fill."""
+    history_share: float = Field(0.2, ge=0, lt=1)
+    """Share of the context window a thread's earlier turns may fill (oldest dropped first)."""
+
+    @model_validator(mode="after")
+    def _shares_leave_room(self) -> PromptSettings:
+        if self.context_share + self.history_share >= 0.9:
+            raise ValueError(
+                "context_share + history_share must stay below 0.9 to leave room for the question "
+                "and the answer"
+            )
+        return self
+
+
+class StoreSettings(Section):
+    """Where requests, threads and de-duplication keys are stored."""
+
+    url: str | None = None
+    """SQLAlchemy async URL: ``sqlite+aiosqlite:///path.db`` or
+    ``postgresql+asyncpg://user@host/db``. Unset: ``opsbot.db`` in ``data_dir``."""
+    auto_upgrade: bool = True
+    """Run Alembic migrations up to head at start."""
+    buffer_size: int = Field(10_000, ge=1)
+    """Rows held in memory while the database is unreachable; overflow is counted and logged."""
+    retry_initial_s: float = Field(0.5, gt=0)
+    """First retry delay for buffered writes (doubles up to ``retry_max_s``)."""
+    retry_max_s: float = Field(30.0, gt=0)
+    """Longest delay between write retries."""
+    busy_timeout_ms: int = Field(5000, ge=0)
+    """SQLite busy_timeout for concurrent writers."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """Seconds to wait for a database connection."""
+
+
+class HttpSettings(Section):
+    """opsbot's own HTTP server (Slack events, slash commands, webhooks, health, metrics)."""
+
+    enabled: bool = True
+    """Serve HTTP in ``opsbot run`` (``opsbot chat`` never does)."""
+    host: str = "0.0.0.0"
+    """Address to bind."""
+    port: int = Field(8080, ge=0, le=65535)
+    """Port to bind (0: any free port)."""
+
+
+class SlackSettings(Section):
+    """Slack app connection."""
+
+    enabled: bool = False
+    """Connect to Slack in ``opsbot run``."""
+    mode: Literal["socket", "http"] = "socket"
+    """``socket`` (Socket Mode, needs ``app_token``) or ``http`` (Events API, needs ``signing_secret``)."""
+    bot_token: SecretStr | None = None
+    """Bot token (``xoxb-...``); required when enabled."""
+    app_token: SecretStr | None = None
+    """App-level token (``xapp-...``); required in socket mode."""
+    signing_secret: SecretStr | None = None
+    """Signing secret; required in http mode."""
+    api_base_url: str = "https://slack.com/api/"
+    """Web API base URL (tests and corporate proxies point it elsewhere)."""
+    allowed_channels: list[str] = Field(default_factory=list)
+    """Channel ids opsbot answers in (empty: all)."""
+    allowed_users: list[str] = Field(default_factory=list)
+    """User ids opsbot answers (empty: all)."""
+    edit_interval_s: float = Field(1.0, ge=0)
+    """Least seconds between two edits of one streamed message."""
+    channel_post_interval_s: float = Field(1.0, ge=0)
+    """Least seconds between two new posts to one channel."""
+    max_retries: int = Field(6, ge=0)
+    """Retries of a Web API call on 429 / 5xx / connection errors."""
+
+    @model_validator(mode="after")
+    def _tokens_when_enabled(self) -> SlackSettings:
+        if self.enabled:
+            if self.bot_token is None:
+                raise ValueError("bot_token is required when slack.enabled is true")
+            if self.mode == "socket" and self.app_token is None:
+                raise ValueError("app_token (xapp-...) is required when slack.mode is 'socket'")
+            if self.mode == "http" and self.signing_secret is None:
+                raise ValueError("signing_secret is required when slack.mode is 'http'")
+        return self
+
+
+class MattermostSettings(Section):
+    """Mattermost bot connection."""
+
+    enabled: bool = False
+    """Connect to Mattermost in ``opsbot run``."""
+    url: str = "localhost"
+    """Server host name (no scheme)."""
+    scheme: Literal["https", "http"] = "https"
+    """``https`` unless the server really is plain HTTP."""
+    port: int = Field(443, ge=1, le=65535)
+    """Server port."""
+    basepath: str = "/api/v4"
+    """REST API base path."""
+    verify_tls: bool = True
+    """Verify the server's TLS certificate (turn off only for a test server)."""
+    token: SecretStr | None = None
+    """Bot account personal access token; required when enabled."""
+    slash_command_token: SecretStr | None = None
+    """Token Mattermost sends with the ``/rca`` custom slash command; required for ``/rca``."""
+    action_secret: SecretStr | None = None
+    """Secret embedded in feedback buttons' action context to verify clicks."""
+    public_url: str | None = None
+    """URL at which Mattermost reaches opsbot's HTTP server (for button actions)."""
+    allowed_channels: list[str] = Field(default_factory=list)
+    """Channel ids opsbot answers in (empty: all)."""
+    allowed_users: list[str] = Field(default_factory=list)
+    """User ids opsbot answers (empty: all)."""
+    edit_interval_s: float = Field(1.0, ge=0)
+    """Least seconds between two edits of one streamed post."""
+    websocket_silence_s: float = Field(60.0, gt=0)
+    """Reconnect when no websocket frame arrived for this long (half-open connections)."""
+    reconnect_max_s: float = Field(60.0, gt=0)
+    """Longest backoff between websocket reconnects."""
+    max_retries: int = Field(6, ge=0)
+    """Retries of a REST call on 429 / 5xx / connection errors."""
+
+    @model_validator(mode="after")
+    def _token_when_enabled(self) -> MattermostSettings:
+        if self.enabled and self.token is None:
+            raise ValueError("token is required when mattermost.enabled is true")
+        return self
+
+
+class KubernetesSettings(Section):
+    """Kubernetes context provider."""
+
+    enabled: bool = False
+    """Gather pod, event, log, workload and node facts."""
+    kubeconfig: Path | None = None
+    """kubeconfig file (unset: in-cluster service account, then ``~/.kube/config``)."""
+    context: str | None = None
+    """kubeconfig context to use."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces opsbot may read (empty: all it is allowed to list)."""
+    label_selector: str | None = None
+    """Only objects matching this selector."""
+    timeout_s: float = Field(3.0, gt=0)
+    """Deadline for the whole provider."""
+    log_tail_lines: int = Field(50, ge=0)
+    """Log lines per failing container (previous container too)."""
+
+
+class PrometheusSettings(Section):
+    """Prometheus context provider."""
+
+    enabled: bool = False
+    """Gather firing alerts and targeted metrics."""
+    url: str = "http://localhost:9090"
+    """Prometheus base URL."""
+    timeout_s: float = Field(2.0, gt=0)
+    """Deadline for the whole provider."""
+    bearer_token: SecretStr | None = None
+    """Bearer token for Prometheus, if it needs one."""
+    range_minutes: int = Field(30, ge=1)
+    """Window of range queries."""
+    queries: dict[str, str] = Field(default_factory=dict)
+    """Extra or overriding query templates by name (``{namespace}``, ``{pod}`` are filled in)."""
+
+
+class AlertmanagerSettings(Section):
+    """Alertmanager webhook receiver."""
+
+    enabled: bool = False
+    """Serve ``POST /alertmanager`` and summarise new alert groups."""
+    bearer_token: SecretStr | None = None
+    """Bearer token the receiver requires (unset: none)."""
+    targets: list[str] = Field(default_factory=list)
+    """Where summaries go, as ``platform:channel`` (``slack:C123``, ``mattermost:abc``)."""
+
+
+class ContextSettings(Section):
+    """How cluster context is gathered."""
+
+    timeout_s: float = Field(4.0, gt=0)
+    """Overall deadline for all providers together."""
+    cache_ttl_s: float = Field(15.0, ge=0)
+    """Seconds a provider's answer is reused for the same query (incident bursts)."""
+
+
+class Settings(BaseSettings):
+    """Every setting of opsbot."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    """Folder for the default SQLite database and the generated test model."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logging level."""
+    log_json: bool = False
+    """Log one JSON object per line (for log shippers) instead of text."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """Inference engine."""
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    """Lane admission control."""
+    prompt: PromptSettings = Field(default_factory=PromptSettings)
+    """System prompt and budgets."""
+    scenarios: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-scenario sampling overrides, e.g. ``[scenarios.root_cause] max_tokens = 768``."""
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    """Database."""
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    """HTTP server."""
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    """Slack."""
+    mattermost: MattermostSettings = Field(default_factory=MattermostSettings)
+    """Mattermost."""
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    """Kubernetes context."""
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    """Prometheus context."""
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
+    """Alertmanager receiver."""
+    context: ContextSettings = Field(default_factory=ContextSettings)
+    """Context gathering."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = Path(os.environ.get(CONFIG_FILE_ENV) or DEFAULT_CONFIG_FILE)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+
+    @property
+    def store_url(self) -> str:
+        """The effective database URL."""
+        return self.store.url or f"sqlite+aiosqlite:///{self.data_dir / 'opsbot.db'}"
+
+    def masked(self) -> dict[str, Any]:
+        """The effective configuration as plain data, secrets replaced by ``**********``."""
+        data: dict[str, Any] = self.model_dump(mode="json")
+        data["store"]["url"] = mask_url(self.store_url)
+        return data
+
+
+def mask_url(url: str) -> str:
+    """``scheme://user:secret@host`` with the password replaced (for logs and ``config show``)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a SQLAlchemy URL: mask anything between ':' and '@'
+        import re
+
+        return re.sub(r"(//[^:/@]+:)[^@]+@", r"\1***@", url)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the configuration; raise :class:`ConfigError` with one readable line on a problem."""
+    path = Path(os.environ.get(CONFIG_FILE_ENV) or DEFAULT_CONFIG_FILE)
+    if os.environ.get(CONFIG_FILE_ENV) and not path.is_file():
+        raise ConfigError(f"{CONFIG_FILE_ENV}={path}: no such file. Fix: point it at an existing opsbot.toml")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    except ValueError as exc:  # TOML syntax errors surface as ValueError subclasses
+        raise ConfigError(f"{path}: cannot parse: {exc}. Fix: correct the TOML syntax") from None
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if p != "__root__")
+    env = ENV_PREFIX + "__".join(str(p).upper() for p in err["loc"])
+    got = err.get("input")
+    got_text = "" if isinstance(got, dict) or got is None else f" (got {str(got)[:60]!r})"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        fix = f"remove it or check its spelling against `opsbot config show` ({path})"
+    else:
+        fix = f"set {loc or 'it'} in {path} or {env}"
+    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+    return f"config error at {loc or 'top level'}: {msg}{got_text}. Fix: {fix}{more}"

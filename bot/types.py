@@ -1,0 +1,77 @@
+"""Platform-neutral message types: the pipeline sees these, never slack_bolt or mattermostdriver."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+class MessageKind(enum.StrEnum):
+    """Why opsbot is being asked."""
+
+    MENTION = "mention"
+    """@-mention in a channel."""
+    DIRECT = "direct"
+    """Direct message to the bot."""
+    COMMAND = "command"
+    """``/rca ...`` slash command."""
+    FOLLOWUP = "followup"
+    """Human reply in a thread opsbot already answered, without a mention."""
+    ALERT = "alert"
+    """An Alertmanager notification."""
+
+
+@dataclass(slots=True)
+class IncomingMessage:
+    """One question for opsbot, normalised by an adapter.
+
+    ``event_id`` is the platform's unique id of the delivery (Slack ``event_id`` / the mention's
+    ``channel:ts``, Mattermost post id, ...) used for de-duplication across retries and replicas.
+    ``thread_id`` is the thread the answer goes into (``None``: the adapter starts one).
+    """
+
+    platform: str
+    event_id: str
+    channel: str
+    user: str
+    text: str
+    kind: MessageKind
+    thread_id: str | None = None
+    message_id: str | None = None
+    """Platform id of the message itself (Slack ``ts``, Mattermost post id)."""
+    user_name: str | None = None
+    team: str | None = None
+    scenario: str | None = None
+    """Force a scenario (``None``: the pipeline picks one from ``kind`` and the text)."""
+    received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    extra: dict[str, object] = field(default_factory=dict)
+    """Adapter-private data (response URLs, trigger ids, ...)."""
+
+
+@dataclass(slots=True)
+class SourceNote:
+    """One line of the answer's footer about a context source."""
+
+    name: str
+    status: str
+    """``ok``, ``failed``, ``timeout``, ``empty`` or ``skipped``."""
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class FinalAnswer:
+    """Everything an adapter needs to render the finished answer and its footer."""
+
+    request_id: str
+    text: str
+    sources: list[SourceNote] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    """Context that did not fit the token budget, e.g. ``"40 older events"``."""
+    ttft_ms: float | None = None
+    total_ms: float | None = None
+    output_tokens: int | None = None
+    error: str | None = None
+    """Set when the answer is an error message for the user rather than model output."""
+    feedback: bool = True
+    """Whether to offer 👍 / 👎 buttons."""

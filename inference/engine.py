@@ -1,0 +1,220 @@
+"""The engine seam: one small interface for every inference backend, and the types it speaks.
+
+The pipeline talks only to :class:`Engine`; the CPU engine (transformers) and the vLLM engine
+(``AsyncLLM`` in-process) implement it. This module imports nothing heavy, so ``bot/`` and the
+tests can use the types without torch or vLLM.
+
+Errors form a small tree::
+
+    EngineError
+    ├── EngineStartupError     start() failed: the message names the cause and the fix
+    ├── EngineGenerateError    one request failed; tell its user, carry on
+    │   ├── EngineOverloadedError   admission refused (lane queue full / timed out)
+    │   └── RequestAbortedError     aborted (user gone, shutdown, timeout)
+    └── EngineDeadError        the engine is gone: readiness flips, every waiter is told
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+
+class Lane(enum.StrEnum):
+    """Priority lane a request is admitted through (see ``inference.admission``)."""
+
+    URGENT = "urgent"
+    """``/rca`` and alert summaries: someone is waiting on an incident."""
+    NORMAL = "normal"
+    """@-mentions and DMs."""
+    BACKGROUND = "background"
+    """Thread follow-ups and batch analysis: may wait while urgent work runs."""
+
+    @property
+    def vllm_priority(self) -> int:
+        """vLLM ``priority`` value for this lane (lower runs first under the priority policy)."""
+        return {Lane.URGENT: 0, Lane.NORMAL: 5, Lane.BACKGROUND: 10}[self]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSettings:
+    """Sampling parameters of one request (a scenario preset, possibly overridden)."""
+
+    temperature: float = 0.3
+    top_p: float = 0.95
+    max_tokens: int = 512
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Benchmarks only: keep generating past end-of-sequence to get fixed-length outputs."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat turn; ``role`` is ``system``, ``user`` or ``assistant``."""
+
+    role: str
+    content: str
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What the pipeline asks an engine for.
+
+    Exactly one of ``messages`` (rendered by the engine's chat template) or
+    ``prompt_token_ids`` (already rendered, e.g. by ``bot.prompts``) must be set.
+    """
+
+    request_id: str
+    scenario: str
+    lane: Lane
+    sampling: SamplingSettings
+    messages: Sequence[ChatMessage] | None = None
+    prompt_token_ids: Sequence[int] | None = None
+    prompt_tokens_estimate: int | None = None
+    """Prompt size used by admission control when token ids are not given."""
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt_token_ids is None):
+            raise ValueError("GenerationRequest needs exactly one of messages or prompt_token_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of newly generated text, in order."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """The last item of every successful ``generate`` stream: the whole text, counts and timings.
+
+    All times are milliseconds, measured from the moment ``generate`` was called:
+    ``queue_ms`` until the engine started the request (admission wait + engine queue),
+    ``ttft_ms`` until the first token, ``tpot_ms`` the mean time per output token after the
+    first, ``e2e_ms`` until the last token.
+    """
+
+    request_id: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    queue_ms: float
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float
+
+
+GenerationEvent = TextDelta | GenerationResult
+
+
+@dataclass(slots=True)
+class EngineHealth:
+    """Readiness of an engine; ``reason`` says why when not ready."""
+
+    ready: bool
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for ``/metrics`` and ``/rca status``. ``None`` means the backend cannot tell."""
+
+    backend: str
+    model: str
+    running: int = 0
+    waiting: int = 0
+    waiting_by_lane: dict[str, int] = field(default_factory=dict)
+    running_by_lane: dict[str, int] = field(default_factory=dict)
+    kv_cache_usage: float | None = None
+    """Fraction (0..1) of KV-cache blocks in use."""
+    prefix_cache_hit_rate: float | None = None
+    """Fraction (0..1) of prompt tokens served from the prefix cache since start."""
+    preemptions: int | None = None
+    quantization: str | None = None
+
+
+class EngineError(Exception):
+    """Base of every engine error."""
+
+
+class EngineStartupError(EngineError):
+    """The engine could not start; the message names the cause and the fix."""
+
+
+class EngineGenerateError(EngineError):
+    """One request failed; other requests and the engine are fine."""
+
+
+class EngineOverloadedError(EngineGenerateError):
+    """Admission control refused the request (its lane is full or the wait timed out)."""
+
+
+class RequestAbortedError(EngineGenerateError):
+    """The request was aborted before it finished (user gone, shutdown, timeout)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine died; no request can be served until it is restarted."""
+
+
+class Engine(abc.ABC):
+    """An in-process inference engine.
+
+    Life cycle: ``await start()`` once, then any number of concurrent ``generate`` streams,
+    then ``await shutdown()``. ``generate`` yields :class:`TextDelta` items as text arrives and
+    ends with one :class:`GenerationResult`; closing the iterator early aborts the request.
+    """
+
+    backend: str = "abstract"
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and warm up; raise :class:`EngineStartupError` on failure."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream the answer to ``request``; raise :class:`EngineGenerateError` subclasses."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a running request; a no-op for an unknown or finished id."""
+
+    @abc.abstractmethod
+    def health(self) -> EngineHealth:
+        """Whether the engine can take requests now."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Current load and cache figures."""
+
+    @abc.abstractmethod
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop taking requests, let in-flight ones finish up to the deadline, then release."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> ChatTokenizer:
+        """The model's tokenizer, for prompt rendering and token budgets."""
+
+
+class ChatTokenizer(abc.ABC):
+    """Token counting and chat-template rendering with the model's own tokenizer."""
+
+    @abc.abstractmethod
+    def count(self, text: str) -> int:
+        """Number of tokens ``text`` encodes to (no special tokens)."""
+
+    @abc.abstractmethod
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` through the model's chat template."""
+
+    @abc.abstractmethod
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` (special tokens skipped)."""

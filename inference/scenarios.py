@@ -1,0 +1,65 @@
+"""Scenario presets: sampling settings per kind of question, overridable in configuration.
+
+The defaults follow the product's source material: an alert summary is short and nearly
+deterministic; a root-cause analysis may reason longer; a change review sits in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from inference.engine import Lane, SamplingSettings
+
+ALERT_SUMMARY = "alert_summary"
+ROOT_CAUSE = "root_cause"
+CHANGE_REVIEW = "change_review"
+CHAT = "chat"
+
+DEFAULT_PRESETS: dict[str, SamplingSettings] = {
+    ALERT_SUMMARY: SamplingSettings(temperature=0.1, top_p=0.9, max_tokens=128, repetition_penalty=1.05),
+    ROOT_CAUSE: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=512, repetition_penalty=1.1),
+    CHANGE_REVIEW: SamplingSettings(temperature=0.2, top_p=0.9, max_tokens=256, repetition_penalty=1.05),
+    # Follow-ups and plain questions: conversational, a little more room than a summary.
+    CHAT: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=384, repetition_penalty=1.05),
+}
+
+DEFAULT_LANES: dict[str, Lane] = {
+    ALERT_SUMMARY: Lane.URGENT,
+    ROOT_CAUSE: Lane.URGENT,
+    CHANGE_REVIEW: Lane.NORMAL,
+    CHAT: Lane.NORMAL,
+}
+
+
+class UnknownScenarioError(ValueError):
+    """A scenario name that is neither a preset nor configured."""
+
+
+class ScenarioRegistry:
+    """Sampling presets by name, with configuration overrides applied field by field."""
+
+    def __init__(self, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self._presets = dict(DEFAULT_PRESETS)
+        for name, fields in (overrides or {}).items():
+            base = self._presets.get(name, SamplingSettings())
+            try:
+                self._presets[name] = replace(base, **dict(fields))
+            except TypeError as exc:
+                allowed = ", ".join(SamplingSettings.__dataclass_fields__)
+                raise UnknownScenarioError(f"scenario {name!r}: {exc}; allowed fields are {allowed}") from exc
+
+    @property
+    def names(self) -> list[str]:
+        """Every known scenario name."""
+        return sorted(self._presets)
+
+    def get(self, name: str) -> SamplingSettings:
+        """The sampling settings of ``name``; :class:`UnknownScenarioError` if there is none."""
+        try:
+            return self._presets[name]
+        except KeyError:
+            raise UnknownScenarioError(
+                f"unknown scenario {name!r}; known scenarios: {', '.join(self.names)}"
+            ) from None

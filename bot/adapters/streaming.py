@@ -1,0 +1,297 @@
+"""What every chat platform shares when streaming an answer: splitting, pacing, throttled edits.
+
+Platforms differ in their API calls and markup, not in the shape of a streamed reply: post a
+placeholder at once, edit it as text arrives (at most once per ``edit_interval_s``, the newest
+text wins), then split the final text at paragraph or code-block boundaries and edit / post the
+pieces, the last one carrying the footer. Subclasses supply ``_post`` and ``_edit``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from bot.adapters.base import ReplyStream
+from bot.types import FinalAnswer
+
+logger = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"^\s*```")
+STREAMING_CURSOR = " ▍"
+"""Appended to partial text while the answer is still streaming."""
+
+
+class ReplyDeliveryError(Exception):
+    """A reply could not be posted or edited after the platform client's retries."""
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Split ``text`` into pieces of at most ``limit`` characters.
+
+    Cuts fall between paragraphs where possible; a fenced code block stays whole unless it alone
+    exceeds the limit, in which case it is cut between lines and every piece is re-fenced so each
+    message still renders as code. Lines longer than the limit are cut hard as a last resort.
+    """
+    if limit < 16:
+        raise ValueError("limit must be at least 16 characters")
+    if len(text) <= limit:
+        return [text]
+    chunks: list[str] = []
+    current = ""
+    for block in _blocks(text):
+        for piece in _fit_block(block, limit):
+            candidate = f"{current}\n\n{piece}" if current else piece
+            if len(candidate) <= limit:
+                current = candidate
+            else:
+                if current:
+                    chunks.append(current)
+                current = piece
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and whole fenced code blocks, in order."""
+    blocks: list[str] = []
+    para: list[str] = []
+    code: list[str] | None = None
+    for line in text.split("\n"):
+        if code is not None:
+            code.append(line)
+            if _FENCE.match(line):
+                blocks.append("\n".join(code))
+                code = None
+            continue
+        if _FENCE.match(line):
+            if para:
+                blocks.append("\n".join(para))
+                para = []
+            code = [line]
+        elif line.strip() == "":
+            if para:
+                blocks.append("\n".join(para))
+                para = []
+        else:
+            para.append(line)
+    if code is not None:  # unterminated fence: keep it as code anyway
+        blocks.append("\n".join(code))
+    if para:
+        blocks.append("\n".join(para))
+    return blocks
+
+
+def _fit_block(block: str, limit: int) -> list[str]:
+    if len(block) <= limit:
+        return [block]
+    lines = block.split("\n")
+    if _FENCE.match(lines[0]):
+        opener = lines[0].strip()
+        body = lines[1:-1] if len(lines) > 1 and _FENCE.match(lines[-1]) else lines[1:]
+        inner = limit - len(opener) - len("\n\n```")
+        return [f"{opener}\n{part}\n```" for part in _pack_lines(body, inner)]
+    return _pack_lines(lines, limit)
+
+
+def _pack_lines(lines: list[str], limit: int) -> list[str]:
+    out: list[str] = []
+    current = ""
+    for line in lines:
+        while len(line) > limit:  # a single overlong line: cut it hard
+            if current:
+                out.append(current)
+                current = ""
+            out.append(line[:limit])
+            line = line[limit:]
+        candidate = f"{current}\n{line}" if current else line
+        if len(candidate) <= limit:
+            current = candidate
+        else:
+            out.append(current)
+            current = line
+    if current:
+        out.append(current)
+    return out
+
+
+@dataclass
+class ChannelPacer:
+    """Keeps new posts to one channel at least ``interval_s`` apart (platform rate limits).
+
+    The turn is held for the whole post, retries included, and the next one starts no earlier
+    than ``interval_s`` after the previous one completed, so the platform never sees two
+    accepted posts to a channel closer than the interval.
+    """
+
+    interval_s: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _last: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, channel: str) -> AsyncIterator[None]:
+        """Wait for ``channel``'s turn, then hold it while the caller posts."""
+        lock = self._locks.setdefault(channel, asyncio.Lock())
+        async with lock:
+            last = self._last.get(channel)
+            if last is not None:
+                delay = last + self.interval_s - self.clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            try:
+                yield
+            finally:
+                self._last[channel] = self.clock()
+
+
+class StreamingReply(ReplyStream):
+    """A streamed answer as a placeholder that is edited, then split into final messages.
+
+    Edits run in a background task so the engine's stream is never slowed by chat API latency;
+    intermediate edits that fail are logged and skipped (the final edit repairs them), while a
+    final edit or post that fails raises :class:`ReplyDeliveryError`.
+    """
+
+    def __init__(
+        self,
+        *,
+        channel: str,
+        thread_id: str,
+        limit: int,
+        edit_interval_s: float = 1.0,
+        pacer: ChannelPacer | None = None,
+        placeholder: str = "_thinking…_",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.channel = channel
+        self._thread_id = thread_id
+        self.limit = limit
+        self.edit_interval_s = edit_interval_s
+        self.pacer = pacer
+        self.placeholder = placeholder
+        self.clock = clock
+        self.message_ids: list[str] = []
+        self._latest: str | None = None
+        self._shown: str | None = None
+        self._last_edit = float("-inf")
+        self._editor: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    @property
+    def thread_id(self) -> str:
+        return self._thread_id
+
+    # -- what a platform implements -------------------------------------------------------
+    @abc.abstractmethod
+    async def _post(self, text: str, final: FinalAnswer | None) -> str:
+        """Post a new message in the thread; return its id. ``final``: render the footer."""
+
+    @abc.abstractmethod
+    async def _edit(self, message_id: str, text: str, final: FinalAnswer | None) -> None:
+        """Replace a message's text. ``final``: this is its last edit; render the footer."""
+
+    def _format(self, text: str) -> str:
+        """Platform markup for model Markdown (identity by default)."""
+        return text
+
+    def _final_limit(self, answer: FinalAnswer) -> int:
+        """Characters of answer text that fit in a message next to the footer."""
+        return self.limit
+
+    # -- the shared flow --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Post the placeholder (paced per channel)."""
+        message_id = await self._paced_post(self.placeholder, None)
+        self.message_ids.append(message_id)
+        self._last_edit = self.clock()
+
+    async def update(self, text: str) -> None:
+        if self._closed or not self.message_ids:
+            return
+        self._latest = text
+        self._wake.set()
+        if self._editor is None:
+            self._editor = asyncio.create_task(self._edit_loop(), name=f"reply-edits-{self.channel}")
+
+    async def _edit_loop(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            wait = self._last_edit + self.edit_interval_s - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            text = self._latest
+            if text is None or text == self._shown or self._closed:
+                continue
+            shown = self._format(text)
+            if len(shown) + len(STREAMING_CURSOR) > self.limit:
+                shown = shown[: self.limit - len(STREAMING_CURSOR) - 1] + "…"
+            try:
+                await self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
+                self._shown = text
+            except Exception as exc:  # an intermediate edit may fail; the final one repairs it
+                logger.warning("streaming edit failed in %s: %s", self.channel, exc)
+            self._last_edit = self.clock()
+
+    async def finish(self, answer: FinalAnswer) -> None:
+        self._closed = True
+        if self._editor is not None:
+            self._editor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._editor
+        chunks = split_text(self._format(answer.text) or "_(empty answer)_", self._final_limit(answer))
+        wait = self._last_edit + self.edit_interval_s - self.clock()
+        if wait > 0:  # the final edit respects the per-message edit rate too
+            await asyncio.sleep(wait)
+        last = len(chunks) - 1
+        try:
+            await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
+            for i, chunk in enumerate(chunks[1:], start=1):
+                self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
+        except ReplyDeliveryError:
+            raise
+        except Exception as exc:
+            raise ReplyDeliveryError(str(exc)) from exc
+
+    async def _paced_post(self, text: str, final: FinalAnswer | None) -> str:
+        if self.pacer is None:
+            return await self._post(text, final)
+        async with self.pacer.turn(self.channel):
+            return await self._post(text, final)
+
+
+def format_footer_line(answer: FinalAnswer) -> str:
+    """Plain-text footer: sources (ok / failed / left out) and timings with units."""
+    parts: list[str] = []
+    used = [s.name for s in answer.sources if s.status == "ok"]
+    failed = [
+        f"{s.name} ({s.status}{': ' + s.detail if s.detail else ''})"
+        for s in answer.sources
+        if s.status not in ("ok", "skipped", "empty")
+    ]
+    empty = [s.name for s in answer.sources if s.status == "empty"]
+    parts.append("sources: " + (", ".join(used) if used else "none"))
+    if empty:
+        parts.append("nothing found in: " + ", ".join(empty))
+    if failed:
+        parts.append("failed: " + "; ".join(failed))
+    if answer.left_out:
+        parts.append("left out: " + ", ".join(answer.left_out))
+    timing: list[str] = []
+    if answer.ttft_ms is not None:
+        timing.append(f"first token {answer.ttft_ms / 1000:.2f} s")
+    if answer.total_ms is not None:
+        timing.append(f"total {answer.total_ms / 1000:.2f} s")
+    if answer.output_tokens is not None:
+        timing.append(f"{answer.output_tokens} tokens")
+    if timing:
+        parts.append(", ".join(timing))
+    return " · ".join(parts)

@@ -1,0 +1,26 @@
+"""Shared pytest fixtures. Each part of opsbot keeps its fixtures in its own section below."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# --- inference: offline test model -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of the tiny offline test model (random weights), built once and cached across runs.
+
+    The cache lives in ``.pytest_cache/opsbot-models/`` keyed by the builder's version, so a second
+    test run reuses it instantly; without a writable repo it is built into the session's tmp dir.
+    """
+    from inference.testmodel import TEST_MODEL_VERSION, build_test_model
+
+    cache = Path(request.config.rootpath) / ".pytest_cache" / "opsbot-models"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = tmp_path_factory.mktemp("opsbot-models")
+    return build_test_model(cache / f"tiny-v{TEST_MODEL_VERSION}", "tiny")

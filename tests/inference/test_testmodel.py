@@ -1,0 +1,93 @@
+"""The offline test-model builder: loadable by transformers, a working chat template, reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inference.engine import ChatMessage
+from inference.testmodel import (
+    CHAT_TEMPLATE,
+    MARKER_FILE,
+    TEST_MODEL_VERSION,
+    build_test_model,
+    is_test_model,
+)
+from inference.tokenization import HFChatTokenizer
+
+
+def test_tiny_model_loads_with_transformers_and_vocab_sizes_agree(tiny_model: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    tok = HFChatTokenizer(str(tiny_model))
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert config["vocab_size"] == len(tok.hf) == model.get_input_embeddings().weight.shape[0]
+    assert config["bos_token_id"] == tok.hf.bos_token_id == 0
+    assert config["eos_token_id"] == tok.eos_token_id == tok.hf.convert_tokens_to_ids("<|eot_id|>")
+    assert (tiny_model / "model.safetensors").stat().st_size < 10_000_000
+    assert (tiny_model / "generation_config.json").is_file()
+
+
+def test_tiny_model_chat_template_renders_llama3_headers(tiny_model: Path) -> None:
+    tok = HFChatTokenizer(str(tiny_model))
+    ids = tok.render([ChatMessage("system", "be brief"), ChatMessage("user", "why is the pod down?")])
+    text = tok.hf.decode(ids, skip_special_tokens=False)
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nwhy is the pod down?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert tok.hf.chat_template == CHAT_TEMPLATE
+    assert tok.count("why is the pod down?") > 0
+    assert tok.decode(tok.hf.encode("kubectl get pods", add_special_tokens=False)) == "kubectl get pods"
+
+
+def test_a_finished_model_is_reused_and_reports_progress(tiny_model: Path) -> None:
+    lines: list[str] = []
+    before = (tiny_model / "model.safetensors").stat().st_mtime_ns
+    assert build_test_model(tiny_model, "tiny", progress=lines.append) == tiny_model
+    assert (tiny_model / "model.safetensors").stat().st_mtime_ns == before
+    assert lines == [f"test model (tiny) already built at {tiny_model}"]
+    marker = json.loads((tiny_model / MARKER_FILE).read_text())
+    assert marker["version"] == TEST_MODEL_VERSION and marker["size"] == "tiny"
+    assert is_test_model(tiny_model, "tiny") and not is_test_model(tiny_model, "8b")
+
+
+def test_a_folder_with_other_files_is_never_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not an opsbot test model"):
+        build_test_model(tmp_path, "tiny")
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+
+
+def test_unknown_size_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'tiny' or '8b'"):
+        build_test_model(tmp_path / "m", "huge")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_8b_model_has_llama3_8b_dimensions_and_the_tokenizers_vocab(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from transformers import AutoConfig
+
+    cache = Path(request.config.rootpath) / ".pytest_cache" / "opsbot-models"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = tmp_path_factory.mktemp("opsbot-models")
+    path = build_test_model(cache / f"8b-v{TEST_MODEL_VERSION}", "8b")
+    assert not list(path.glob("*.safetensors"))
+    raw = json.loads((path / "config.json").read_text())
+    assert raw["torch_dtype"] == "bfloat16" and raw["rope_theta"] == 500000.0
+    config = AutoConfig.from_pretrained(str(path))
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (4096, 14336, 32)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+    assert config.max_position_embeddings == 8192
+    tok = HFChatTokenizer(str(path))
+    assert config.vocab_size == len(tok.hf) == 32000
+    assert config.eos_token_id == tok.eos_token_id

@@ -175,8 +175,12 @@ class Engine(abc.ABC):
     backend: str = "abstract"
 
     @abc.abstractmethod
-    async def start(self) -> None:
-        """Load the model and warm up; raise :class:`EngineStartupError` on failure."""
+    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
+        """Load the model and warm up; raise :class:`EngineStartupError` on failure.
+
+        ``warmup_messages`` (the bot's shared system prompt) is run once so that its KV blocks
+        are in the prefix cache before the first real request.
+        """
 
     @abc.abstractmethod
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:

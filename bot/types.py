@@ -69,6 +69,7 @@ class FinalAnswer:
     left_out: list[str] = field(default_factory=list)
     """Context that did not fit the token budget, e.g. ``"40 older events"``."""
     ttft_ms: float | None = None
+    tpot_ms: float | None = None
     total_ms: float | None = None
     output_tokens: int | None = None
     error: str | None = None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable
 
+from aiohttp import web
+
 from bot.types import FinalAnswer, IncomingMessage
 
 MessageHandler = Callable[[IncomingMessage], Awaitable[None]]
@@ -55,6 +57,10 @@ class ChatAdapter(abc.ABC):
     @abc.abstractmethod
     async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
         """A short non-streamed message (refusals, help, status); ephemeral where supported."""
+
+    def http_routes(self) -> list[web.RouteDef]:
+        """Routes this adapter serves on opsbot's HTTP server (events, slash commands, actions)."""
+        return []
 
     async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
         """Post a plain message (alert threads); returns its id (the thread id for replies)."""

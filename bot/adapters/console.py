@@ -1,0 +1,127 @@
+"""The terminal adapter: the whole pipeline in a REPL (the embedded default, no chat platform).
+
+One session is one thread: the first line is a question, later lines are follow-ups with the
+session's history; ``/rca ...`` works as in Slack. Tokens are printed as they arrive, and each
+answer ends with a footer line: TTFT, TPOT, tokens, sources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import sys
+import uuid
+from typing import TextIO
+
+from rich.console import Console
+
+from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.adapters.streaming import format_footer_line
+from bot.types import FinalAnswer, IncomingMessage, MessageKind
+
+PROMPT = "opsbot> "
+QUIT_WORDS = {"/quit", "/exit", ":q"}
+
+
+class ConsoleReply(ReplyStream):
+    """Prints new text as it arrives; the footer once the answer is done."""
+
+    def __init__(self, out: TextIO, console: Console, thread_id: str) -> None:
+        self._out = out
+        self._console = console
+        self._thread_id = thread_id
+        self._shown = ""
+
+    @property
+    def thread_id(self) -> str:
+        return self._thread_id
+
+    async def update(self, text: str) -> None:
+        # Redaction may rewrite text already shown; then wait for the final answer to reprint.
+        if text.startswith(self._shown):
+            self._out.write(text[len(self._shown) :])
+            self._out.flush()
+            self._shown = text
+
+    async def finish(self, answer: FinalAnswer) -> None:
+        if answer.text.startswith(self._shown):
+            self._out.write(answer.text[len(self._shown) :])
+        else:
+            self._out.write("\n" + answer.text)
+        self._out.write("\n")
+        self._out.flush()
+        stats = format_footer_line(answer)
+        if answer.tpot_ms is not None:
+            stats += f" · {answer.tpot_ms:.1f} ms/token"
+        self._console.print(f"[dim]— {stats}[/dim]", highlight=False)
+
+
+class ConsoleAdapter(ChatAdapter):
+    """Reads questions from a terminal (or any text stream) and prints streamed answers."""
+
+    platform = "console"
+
+    def __init__(self, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
+        self._in = stdin or sys.stdin
+        self._out = stdout or sys.stdout
+        self._console = Console(file=self._out, highlight=False)
+        self._handler: MessageHandler | None = None
+        self.session = uuid.uuid4().hex[:12]
+        self.user = getpass.getuser()
+        self._asked = 0
+
+    async def start(self, handler: MessageHandler) -> None:
+        self._handler = handler
+
+    async def stop(self) -> None:
+        self._handler = None
+
+    async def open_reply(self, message: IncomingMessage) -> ReplyStream:
+        return ConsoleReply(self._out, self._console, message.thread_id or self.session)
+
+    async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
+        self._console.print(text.replace("*", ""), highlight=False)
+
+    async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
+        self._console.print(text, highlight=False)
+        return thread_id or self.session
+
+    async def repl(self) -> None:
+        """Answer lines until end of input or ``/quit``; each answer completes before the next prompt."""
+        if self._handler is None:
+            raise RuntimeError("ConsoleAdapter.start() must be called before repl()")
+        interactive = self._in.isatty()
+        while True:
+            if interactive:
+                self._out.write(PROMPT)
+                self._out.flush()
+            line = await asyncio.to_thread(self._in.readline)
+            if not line:
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in QUIT_WORDS:
+                break
+            await self._handler(self.to_message(text))
+
+    def to_message(self, text: str) -> IncomingMessage:
+        """A typed line as an ``IncomingMessage`` of this session's thread."""
+        self._asked += 1
+        if text.startswith("/rca"):
+            kind, text = MessageKind.COMMAND, text[len("/rca") :].strip()
+        elif self._asked == 1:
+            kind = MessageKind.DIRECT
+        else:
+            kind = MessageKind.FOLLOWUP
+        return IncomingMessage(
+            platform=self.platform,
+            event_id=f"{self.session}:{self._asked}",
+            channel="terminal",
+            user=self.user,
+            user_name=self.user,
+            text=text,
+            kind=kind,
+            thread_id=self.session,
+            message_id=str(self._asked),
+        )

@@ -1,0 +1,151 @@
+"""Wiring: builds every part from ``Settings`` and runs them until a signal or a dead engine.
+
+Start order: store (migrations) -> engine (model load, system-prompt warm-up) -> pipeline ->
+HTTP server -> chat adapters. Shutdown runs the other way: adapters stop taking messages,
+answers in flight drain up to ``engine.drain_timeout_s``, then the engine and the store close
+(the store flushes its buffered rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from bot.adapters.base import ChatAdapter
+from bot.config import Settings
+from bot.context.alertmanager import AlertmanagerReceiver
+from bot.context.gatherer import ContextGatherer
+from bot.engine_factory import build_engine, resolve_model
+from bot.http import build_http_app, start_http
+from bot.pipeline import Pipeline, PipelineConfig
+from bot.prompts import PromptBuilder, load_system_prompt
+from bot.store import Store
+from inference.engine import Engine
+from inference.scenarios import ScenarioRegistry
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str], None]
+
+
+class OpsBot:
+    """One running opsbot: its store, engine, pipeline, HTTP server and adapters."""
+
+    def __init__(self, settings: Settings, *, progress: ProgressFn | None = None) -> None:
+        self.settings = settings
+        self.progress = progress or (lambda line: logger.info("%s", line))
+        self.store: Store | None = None
+        self.engine: Engine | None = None
+        self.pipeline: Pipeline | None = None
+        self.context: ContextGatherer | None = None
+        self.adapters: list[ChatAdapter] = []
+        self.http_runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self._stop = asyncio.Event()
+        self.exit_code = 0
+
+    async def start_core(self) -> Pipeline:
+        """Store, engine, context and pipeline (what ``opsbot chat`` needs)."""
+        s = self.settings
+        self.progress(f"opening the database {s.masked()['store']['url']} ...")
+        self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
+        model = resolve_model(s, progress=self.progress)
+        self.progress(f"loading the {s.engine.backend} engine with model {model} ...")
+        t0 = time.perf_counter()
+        self.engine = build_engine(s, model, on_dead=self._engine_died)
+        # The tokenizer is ready before the weights, so the warm-up prompt can be rendered.
+        prompts = PromptBuilder(
+            self.engine.tokenizer,
+            system_prompt=load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file),
+            max_model_len=s.engine.max_model_len,
+            context_share=s.prompt.context_share,
+            history_share=s.prompt.history_share,
+        )
+        await self.engine.start(warmup_messages=prompts.system_messages())
+        self.progress(f"engine ready in {time.perf_counter() - t0:.1f} s")
+        self.context = ContextGatherer.from_settings(s)
+        self.pipeline = Pipeline(
+            engine=self.engine,
+            store=self.store,
+            prompts=prompts,
+            scenarios=ScenarioRegistry(s.scenarios),
+            context=self.context,
+            config=PipelineConfig(request_timeout_s=s.engine.request_timeout_s, model_name=model),
+        )
+        return self.pipeline
+
+    async def start_service(self, adapters: list[ChatAdapter]) -> None:
+        """HTTP server and chat adapters on top of ``start_core``."""
+        assert self.pipeline is not None and self.engine is not None and self.store is not None
+        pipeline = self.pipeline
+        routes: list[web.RouteDef] = []
+        for adapter in adapters:
+            routes.extend(adapter.http_routes())
+        receiver = self._alert_receiver(adapters)
+        if receiver is not None:
+            routes.extend(receiver.http_routes())
+        if self.settings.http.enabled:
+            app = build_http_app(engine=self.engine, store=self.store, routes=routes)
+            self.http_runner, self.http_port = await start_http(
+                app, self.settings.http.host, self.settings.http.port
+            )
+        for adapter in adapters:
+            await adapter.start(_handler_for(pipeline, adapter))
+            self.adapters.append(adapter)
+            self.progress(f"{adapter.platform} adapter connected")
+
+    def _alert_receiver(self, adapters: list[ChatAdapter]) -> AlertmanagerReceiver | None:
+        if not self.settings.alertmanager.enabled:
+            return None
+        assert self.pipeline is not None and self.store is not None
+        by_platform = {a.platform: a for a in adapters}
+        return AlertmanagerReceiver(self.settings, self.store, self.pipeline.handle, by_platform)
+
+    def _engine_died(self, reason: str, fatal: bool) -> None:
+        """Engine callback: a fatal death (no restart left, or ``on_dead=exit``) stops the process."""
+        logger.error("engine died: %s (%s)", reason, "exiting" if fatal else "restarting")
+        if fatal:
+            self.exit_code = 3
+            self._stop.set()
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown (signal handlers call this)."""
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Block until a stop is requested."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        await self._stop.wait()
+
+    async def shutdown(self) -> None:
+        """Stop adapters, drain answers in flight, close engine, context and store."""
+        for adapter in reversed(self.adapters):
+            with contextlib.suppress(Exception):
+                await adapter.stop()
+        drain = self.settings.engine.drain_timeout_s
+        if self.pipeline is not None:
+            await self.pipeline.drain(drain)
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
+        if self.engine is not None:
+            await self.engine.shutdown(drain)
+        if self.context is not None:
+            await self.context.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+def _handler_for(pipeline: Pipeline, adapter: ChatAdapter) -> Callable[..., object]:
+    async def handle(message: object) -> None:
+        await pipeline.handle(message, adapter)  # type: ignore[arg-type]
+
+    return handle

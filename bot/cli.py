@@ -1,0 +1,271 @@
+"""The ``opsbot`` command: run, chat, stats, db, make-test-model, config show, version.
+
+Every expected failure (bad configuration, unreachable database, missing model, unknown flag)
+ends with one line on stderr and a non-zero exit code, never a traceback; ``--debug`` shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.table import Table
+
+from bot import __version__
+from bot.config import ConfigError, Settings, load_settings
+
+logger = logging.getLogger("opsbot")
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as a single line (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``1h``, ``7d``, ``2w`` as a timedelta."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30m, 1h or 7d")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+
+
+def build_parser() -> OneLineParser:
+    """The command-line grammar."""
+    parser = OneLineParser(prog="opsbot", description="ChatOps incident assistant with an in-process LLM.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    sub.required = True
+    sub.add_parser("run", help="run the configured chat adapters and the HTTP server")
+    sub.add_parser("chat", help="talk to opsbot in this terminal (full pipeline, one thread per session)")
+    stats = sub.add_parser("stats", help="latency percentiles per scenario and platform")
+    stats.add_argument(
+        "--since", type=parse_duration, default=timedelta(hours=24), help="window, e.g. 1h, 7d"
+    )
+    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    db = sub.add_parser("db", help="database migrations")
+    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", parser_class=OneLineParser)
+    db_sub.required = True
+    db_sub.add_parser("upgrade", help="migrate to the newest schema")
+    down = db_sub.add_parser("downgrade", help="migrate down to a revision ('base' drops everything)")
+    down.add_argument("revision")
+    db_sub.add_parser("current", help="print the current schema revision")
+    model = sub.add_parser("make-test-model", help="build an offline test model (random weights)")
+    model.add_argument("dir", type=Path)
+    model.add_argument("--size", choices=["tiny", "8b"], default="tiny")
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", parser_class=OneLineParser)
+    config_sub.required = True
+    show = config_sub.add_parser("show", help="print the effective configuration, secrets masked")
+    show.add_argument("--json", action="store_true", help="JSON instead of TOML-like text")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``opsbot`` console script."""
+    args = build_parser().parse_args(argv)
+    err = Console(stderr=True, highlight=False)
+    try:
+        return _dispatch(args, err)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        err.print(f"opsbot: error: {_one_line(exc)}", markup=False)
+        return EXIT_FAILURE
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__
+
+
+def _dispatch(args: argparse.Namespace, err: Console) -> int:
+    out = Console(highlight=False)
+    if args.command == "version":
+        out.print(f"opsbot {__version__}")
+        return 0
+    if args.command == "make-test-model":
+        from inference.testmodel import build_test_model
+
+        path = build_test_model(args.dir, args.size, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
+        out.print(f"test model ({args.size}) ready in {path}")
+        return 0
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        err.print(f"opsbot: {exc}", markup=False)
+        return EXIT_USAGE
+    _setup_logging(settings, debug=args.debug)
+    if args.command == "config":
+        return _config_show(settings, as_json=args.json, out=out)
+    if args.command == "db":
+        return asyncio.run(_db(settings, args, out))
+    if args.command == "stats":
+        return asyncio.run(_stats(settings, args.since, as_json=args.json, out=out))
+    if args.command == "chat":
+        return asyncio.run(_chat(settings, err))
+    if args.command == "run":
+        return asyncio.run(_run(settings, err))
+    raise AssertionError(args.command)  # argparse only lets known commands through
+
+
+def _setup_logging(settings: Settings, *, debug: bool) -> None:
+    from bot.logs import setup_logging
+
+    setup_logging("DEBUG" if debug else settings.log_level, as_json=settings.log_json)
+
+
+def _config_show(settings: Settings, *, as_json: bool, out: Console) -> int:
+    data = settings.masked()
+    if as_json:
+        out.print_json(json.dumps(data))
+        return 0
+    out.print("\n".join(_toml_lines(data)), markup=False)
+    return 0
+
+
+def _toml_lines(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """A readable TOML-like rendering of nested settings (top-level keys, then [sections])."""
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value and all(not isinstance(v, list) for v in value.values()):
+            tables.append((f"{prefix}{key}", value))
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    for name, table in tables:
+        lines.append(f"\n[{name}]")
+        lines.extend(_toml_lines(table, prefix=f"{name}."))
+    return lines
+
+
+async def _db(settings: Settings, args: argparse.Namespace, out: Console) -> int:
+    from bot.store import migrate
+
+    url = settings.store_url
+    if args.db_command == "upgrade":
+        rev = await migrate.upgrade(url, settings.store)
+        out.print(f"database at revision {rev}")
+    elif args.db_command == "downgrade":
+        rev = await migrate.downgrade(url, args.revision, settings.store)
+        out.print(f"database at revision {rev or 'base'}")
+    else:
+        out.print(str(await migrate.current(url, settings.store) or "base (empty database)"))
+    return 0
+
+
+async def _stats(settings: Settings, since: timedelta, *, as_json: bool, out: Console) -> int:
+    from bot.store import Store
+
+    store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
+    try:
+        until = datetime.now(UTC)
+        rows = await store.latency_stats(until - since, until)
+    finally:
+        await store.close()
+    if as_json:
+        from dataclasses import asdict
+
+        payload = {
+            "since": (until - since).isoformat(),
+            "until": until.isoformat(),
+            "unit": "ms",
+            "groups": [asdict(r) for r in rows],
+        }
+        out.print_json(json.dumps(payload))
+        return 0
+    table = Table(title=f"opsbot latency, last {_human(since)} (ms)")
+    for col in ("scenario", "platform", "requests", "errors"):
+        table.add_column(col)
+    for metric in ("TTFT", "TPOT", "queue", "end-to-end"):
+        table.add_column(f"{metric} p50 / p90 / p99 (ms)", justify="right")
+    for r in rows:
+        table.add_row(
+            r.scenario,
+            r.platform,
+            str(r.count),
+            str(r.errors),
+            *(_pcts(p) for p in (r.ttft_ms, r.tpot_ms, r.queue_ms, r.e2e_ms)),
+        )
+    if not rows:
+        out.print(f"no requests in the last {_human(since)}")
+    else:
+        out.print(table)
+    return 0
+
+
+def _pcts(p: Any) -> str:
+    return " / ".join("-" if v is None else f"{v:.1f}" for v in (p.p50, p.p90, p.p99))
+
+
+def _human(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+async def _chat(settings: Settings, err: Console) -> int:
+    from bot.adapters.console import ConsoleAdapter
+    from bot.app import OpsBot
+
+    bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
+    try:
+        pipeline = await bot.start_core()
+        adapter = ConsoleAdapter()
+        await adapter.start(lambda m: pipeline.handle(m, adapter))
+        err.print(
+            "[bold]opsbot chat[/bold] — ask a question; follow-ups keep the thread; "
+            "/rca <question>, /rca status, /quit",
+            highlight=False,
+        )
+        await adapter.repl()
+    finally:
+        await bot.shutdown()
+    return 0
+
+
+async def _run(settings: Settings, err: Console) -> int:
+    from bot.adapters.registry import build_adapters
+    from bot.app import OpsBot
+
+    bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
+    try:
+        await bot.start_core()
+        assert bot.store is not None
+        adapters = build_adapters(settings, bot.store)
+        if not adapters:
+            err.print(
+                "no chat platform enabled (slack.enabled / mattermost.enabled): serving HTTP only; "
+                "try `opsbot chat` for the terminal"
+            )
+        await bot.start_service(adapters)
+        await bot.wait()
+    finally:
+        await bot.shutdown()
+    return bot.exit_code
+
+
+if __name__ == "__main__":  # AsyncLLM spawns its engine core: the entry point needs this guard
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""From ``Settings`` to a running engine: pick the backend, find or build the model, add admission.
+
+``inference/`` knows nothing of ``bot.config``; this module is the one place that maps the bot's
+settings onto the engines' own config dataclasses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from bot import metrics
+from bot.config import Settings
+from inference.admission import AdmissionConfig, AdmittedEngine
+from inference.engine import Engine, Lane
+
+logger = logging.getLogger(__name__)
+
+RANDOM_MODEL_WARNING = (
+    "no model configured: using the tiny offline test model at %s. Its weights are random, so "
+    "answers are gibberish until you set engine.model (OPSBOT_ENGINE__MODEL) to a real chat model"
+)
+
+
+def default_model_dir(settings: Settings) -> Path:
+    """Where the generated tiny test model lives when no model is configured."""
+    return settings.data_dir / "models" / "tiny-test"
+
+
+def resolve_model(settings: Settings, progress: Callable[[str], None] | None = None) -> str:
+    """The configured model, or the tiny offline test model (built on first use)."""
+    if settings.engine.model:
+        return settings.engine.model
+    from inference.testmodel import build_test_model, is_test_model
+
+    path = default_model_dir(settings)
+    if not is_test_model(path, "tiny"):
+        (progress or logger.info)(f"building the tiny offline test model in {path} (first start only) ...")
+        build_test_model(path, "tiny", progress=progress)
+    logger.warning(RANDOM_MODEL_WARNING, path)
+    return str(path)
+
+
+def pick_backend(settings: Settings) -> str:
+    """``cpu`` or ``vllm``; ``auto`` takes vLLM when it is installed and a CUDA GPU is visible."""
+    if settings.engine.backend != "auto":
+        return settings.engine.backend
+    if importlib.util.find_spec("vllm") is None:
+        return "cpu"
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "cpu"
+
+
+def admission_config(settings: Settings) -> AdmissionConfig:
+    """The admission controller's limits from ``[admission]``."""
+    a = settings.admission
+    return AdmissionConfig(
+        max_in_flight=_lanes(a.max_in_flight),
+        max_queue=_lanes(a.max_queue),
+        background_max_in_flight_when_urgent=a.background_max_in_flight_when_urgent,
+        queue_timeout_s=a.queue_timeout_s,
+    )
+
+
+def _lanes(values: Mapping[str, int]) -> dict[Lane, int | None]:
+    return {Lane(name): value for name, value in values.items()}
+
+
+def _export_queues(queued: Mapping[Lane, int], in_flight: Mapping[Lane, int]) -> None:
+    for lane in Lane:
+        metrics.LANE_QUEUE_DEPTH.labels(lane.value).set(queued.get(lane, 0))
+        metrics.LANE_IN_FLIGHT.labels(lane.value).set(in_flight.get(lane, 0))
+
+
+def build_engine(
+    settings: Settings, model: str, *, on_dead: Callable[[str, bool], None] | None = None
+) -> Engine:
+    """The configured engine for ``model``, behind lane admission control (not yet started)."""
+    e = settings.engine
+    backend = pick_backend(settings)
+    inner: Engine
+    if backend == "vllm":
+        from inference.vllm_engine import VllmEngine, VllmEngineConfig
+
+        inner = VllmEngine(
+            VllmEngineConfig(
+                model=model,
+                tokenizer=e.tokenizer,
+                revision=e.revision,
+                trust_remote_code=e.trust_remote_code,
+                dtype=e.dtype,
+                quantization=e.quantization,
+                kv_cache_dtype=e.kv_cache_dtype,
+                load_format=e.load_format,
+                gpu_memory_utilization=e.gpu_memory_utilization,
+                max_model_len=e.max_model_len,
+                max_num_seqs=e.max_num_seqs,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                block_size=e.block_size,
+                enable_prefix_caching=e.enable_prefix_caching,
+                tensor_parallel_size=e.tensor_parallel_size,
+                enforce_eager=e.enforce_eager,
+                compilation_level=e.compilation_level,
+                seed=e.seed,
+                scheduling_policy=e.scheduling_policy,
+                on_dead=e.on_dead,
+                max_restarts=e.max_restarts,
+                request_timeout_s=e.request_timeout_s,
+            ),
+            on_dead=on_dead,
+        )
+    else:
+        from inference.cpu_engine import CpuEngine, CpuEngineConfig
+
+        inner = CpuEngine(
+            CpuEngineConfig(
+                model=model,
+                tokenizer=e.tokenizer,
+                revision=e.revision,
+                trust_remote_code=e.trust_remote_code,
+                dtype=e.dtype,
+                threads=e.cpu_threads,
+                max_concurrency=e.cpu_max_concurrency,
+                request_timeout_s=e.request_timeout_s,
+                seed=e.seed,
+            )
+        )
+    logger.info("engine backend: %s", backend)
+    return AdmittedEngine(inner, admission_config(settings), on_queue_change=_export_queues)

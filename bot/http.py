@@ -1,0 +1,94 @@
+"""opsbot's HTTP server: health, readiness, metrics, and the routes adapters and receivers bring.
+
+One aiohttp application serves ``/healthz`` (the process is alive), ``/readyz`` (engine loaded
+and database reachable, with the reason when not), ``/metrics`` (Prometheus text format: opsbot's
+metrics and, on the GPU, vLLM's own), plus Slack events, Mattermost slash commands and actions,
+and the Alertmanager webhook, each mounted by its owner via ``http_routes()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from bot import metrics
+from bot.store import Store
+from inference.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+STORE_KEY = web.AppKey("store", Store)
+
+
+def refresh_engine_metrics(engine: Engine) -> None:
+    """Copy the engine's current stats into the exported gauges."""
+    stats = engine.stats()
+    metrics.ENGINE_READY.set(1 if engine.health().ready else 0)
+    metrics.ENGINE_RUNNING.set(stats.running)
+    metrics.ENGINE_WAITING.set(stats.waiting)
+    if stats.kv_cache_usage is not None:
+        metrics.ENGINE_KV_CACHE_USAGE.set(stats.kv_cache_usage)
+    if stats.prefix_cache_hit_rate is not None:
+        metrics.ENGINE_PREFIX_HIT_RATE.set(stats.prefix_cache_hit_rate)
+    if stats.preemptions is not None:
+        metrics.ENGINE_PREEMPTIONS.set(stats.preemptions)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process and its event loop answer."""
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 when the engine takes requests and the database answers, else 503 + reason."""
+    engine = request.app[ENGINE_KEY]
+    store = request.app[STORE_KEY]
+    health = engine.health()
+    reasons: list[str] = []
+    if not health.ready:
+        reasons.append(f"engine not ready: {health.reason or 'starting'}")
+    if not await store.ping():
+        reasons.append(f"database unreachable ({store.buffered} rows buffered)")
+    if reasons:
+        return web.json_response({"ready": False, "reason": "; ".join(reasons)}, status=503)
+    return web.json_response({"ready": True})
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    """Prometheus exposition of the default registry."""
+    refresh_engine_metrics(request.app[ENGINE_KEY])
+    body = generate_latest(REGISTRY)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def build_http_app(*, engine: Engine, store: Store, routes: Iterable[web.RouteDef] = ()) -> web.Application:
+    """The aiohttp application with the built-in endpoints plus ``routes``."""
+    app = web.Application(client_max_size=4 * 1024 * 1024)
+    app[ENGINE_KEY] = engine
+    app[STORE_KEY] = store
+    app.add_routes(
+        [
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics_view),
+            *routes,
+        ]
+    )
+    return app
+
+
+async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; returns the runner and the bound port (useful with port 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    logger.info("HTTP server listening on %s:%d", host, bound)
+    return runner, int(bound)

@@ -1,0 +1,271 @@
+"""Admission control: lane ordering, caps, prefill pacing, timeouts and queue depth (CPU only)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import pytest
+
+from inference.admission import AdmissionConfig, AdmissionController, AdmittedEngine, Ticket
+from inference.engine import (
+    ChatMessage,
+    ChatTokenizer,
+    Engine,
+    EngineHealth,
+    EngineOverloadedError,
+    EngineStats,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationResult,
+    Lane,
+    RequestAbortedError,
+    SamplingSettings,
+    TextDelta,
+)
+
+U, N, B = Lane.URGENT, Lane.NORMAL, Lane.BACKGROUND
+
+
+def config(**kwargs: object) -> AdmissionConfig:
+    base: dict[str, object] = {
+        "max_in_flight": {},
+        "max_prefilling": {},
+        "hold_background_while_urgent_prefills": False,
+        "queue_timeout_s": 30.0,
+    }
+    base.update(kwargs)
+    return AdmissionConfig(**base)  # type: ignore[arg-type]
+
+
+async def settle() -> None:
+    # Granting resolves futures; let the woken acquire() calls run.
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def start(ctl: AdmissionController, lane: Lane, rid: str) -> asyncio.Task[Ticket]:
+    return asyncio.create_task(ctl.acquire(lane, rid), name=rid)
+
+
+async def test_a_lane_at_its_in_flight_limit_queues_fifo_and_admits_on_release() -> None:
+    ctl = AdmissionController(config(max_in_flight={B: 1}))
+    first = await ctl.acquire(B, "a")
+    second, third = start(ctl, B, "b"), start(ctl, B, "c")
+    await settle()
+    assert ctl.queue_depths["background"] == 2 and not second.done()
+    first.release()
+    await settle()
+    assert second.done() and not third.done()
+    assert ctl.in_flight["background"] == 1 and ctl.queue_depths["background"] == 1
+    (await second).release()
+    (await third).release()
+    assert ctl.in_flight == {"urgent": 0, "normal": 0, "background": 0}
+
+
+async def test_background_waits_while_an_urgent_request_has_no_first_token_yet() -> None:
+    ctl = AdmissionController(config(hold_background_while_urgent_prefills=True))
+    urgent = await ctl.acquire(U, "u")
+    background = start(ctl, B, "b")
+    normal = await ctl.acquire(N, "n")  # other lanes are not held
+    await settle()
+    assert not background.done()
+    urgent.first_token()
+    await settle()
+    assert background.done()
+    for ticket in (urgent, normal, await background):
+        ticket.release()
+
+
+async def test_background_prefills_are_paced_by_first_tokens() -> None:
+    ctl = AdmissionController(config(max_prefilling={B: 2}))
+    a, b = await ctl.acquire(B, "a"), await ctl.acquire(B, "b")
+    c = start(ctl, B, "c")
+    await settle()
+    assert not c.done() and ctl.prefilling["background"] == 2
+    a.first_token()
+    await settle()
+    assert c.done() and ctl.in_flight["background"] == 3
+    a.first_token()  # a second call is a no-op
+    assert ctl.prefilling["background"] == 2
+    for ticket in (a, b, await c):
+        ticket.release()
+    assert ctl.prefilling["background"] == 0
+
+
+async def test_background_in_flight_is_capped_while_urgent_work_runs() -> None:
+    ctl = AdmissionController(config(background_max_in_flight_when_urgent=1))
+    bg1 = await ctl.acquire(B, "b1")
+    urgent = await ctl.acquire(U, "u")
+    urgent.first_token()
+    bg2 = start(ctl, B, "b2")
+    await settle()
+    assert not bg2.done()
+    urgent.release()
+    await settle()
+    assert bg2.done()
+    bg1.release()
+    (await bg2).release()
+
+
+async def test_a_full_lane_queue_is_refused_at_once_with_overloaded() -> None:
+    ctl = AdmissionController(config(max_in_flight={N: 1}, max_queue={N: 1}))
+    held = await ctl.acquire(N, "a")
+    queued = start(ctl, N, "b")
+    await settle()
+    with pytest.raises(EngineOverloadedError, match="normal lane is full"):
+        await ctl.acquire(N, "c")
+    held.release()
+    (await queued).release()
+
+
+async def test_a_wait_past_the_queue_timeout_is_overloaded_and_leaves_the_queue() -> None:
+    ctl = AdmissionController(config(max_in_flight={U: 1}, queue_timeout_s=0.05))
+    held = await ctl.acquire(U, "a")
+    with pytest.raises(EngineOverloadedError, match="waited"):
+        await ctl.acquire(U, "b")
+    assert ctl.queue_depths["urgent"] == 0
+    held.release()
+    assert ctl.in_flight["urgent"] == 0
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_without_taking_a_slot() -> None:
+    ctl = AdmissionController(config(max_in_flight={N: 1}))
+    held = await ctl.acquire(N, "a")
+    waiter = start(ctl, N, "b")
+    await settle()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert ctl.queue_depths["normal"] == 0
+    held.release()
+    assert ctl.in_flight["normal"] == 0
+
+
+async def test_queue_depth_changes_reach_the_listener() -> None:
+    seen: list[tuple[dict[str, int], dict[str, int]]] = []
+
+    def listener(queued: Mapping[Lane, int], in_flight: Mapping[Lane, int]) -> None:
+        seen.append(({k.value: v for k, v in queued.items()}, {k.value: v for k, v in in_flight.items()}))
+
+    ctl = AdmissionController(config(max_in_flight={B: 1}), on_change=listener)
+    held = await ctl.acquire(B, "a")
+    waiter = start(ctl, B, "b")
+    await settle()
+    assert seen[-1][0]["background"] == 1 and seen[-1][1]["background"] == 1
+    held.release()
+    (await waiter).release()
+    assert seen[-1][0]["background"] == 0 and seen[-1][1]["background"] == 0
+
+
+async def test_close_fails_queued_requests_and_refuses_new_ones() -> None:
+    ctl = AdmissionController(config(max_in_flight={N: 1}))
+    held = await ctl.acquire(N, "a")
+    waiter = start(ctl, N, "b")
+    await settle()
+    ctl.close("shutting down")
+    with pytest.raises(RequestAbortedError, match="shutting down"):
+        await waiter
+    with pytest.raises(RequestAbortedError):
+        await ctl.acquire(U, "c")
+    held.release()
+
+
+def test_limits_below_one_are_rejected() -> None:
+    with pytest.raises(ValueError, match="max_prefilling"):
+        AdmissionConfig(max_prefilling={B: 0})
+
+
+class ScriptedEngine(Engine):
+    """An engine whose requests produce tokens only when the test says so."""
+
+    backend = "scripted"
+
+    def __init__(self) -> None:
+        self.gates: dict[str, asyncio.Queue[str | None]] = {}
+        self.aborted: list[str] = []
+        self.started = asyncio.Event()
+
+    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
+        self.started.set()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        gate = self.gates.setdefault(request.request_id, asyncio.Queue())
+        text = ""
+        while (piece := await gate.get()) is not None:
+            text += piece
+            yield TextDelta(piece)
+        yield GenerationResult(request.request_id, text, "stop", 3, 0, len(text), 1.0, 2.0, 1.0, 5.0)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(backend=self.backend, model="scripted")
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        return None
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        raise NotImplementedError
+
+
+def request(rid: str, lane: Lane) -> GenerationRequest:
+    return GenerationRequest(rid, "chat", lane, SamplingSettings(), prompt_token_ids=[1, 2, 3])
+
+
+async def collect(engine: Engine, req: GenerationRequest) -> list[GenerationEvent]:
+    return [event async for event in engine.generate(req)]
+
+
+async def test_admitted_engine_paces_background_by_first_token_and_adds_the_wait_to_timings() -> None:
+    inner = ScriptedEngine()
+    engine = AdmittedEngine(inner, config(max_prefilling={B: 1}))
+    await engine.start()
+    first = asyncio.create_task(collect(engine, request("b1", B)))
+    second = asyncio.create_task(collect(engine, request("b2", B)))
+    await settle()
+    assert "b2" not in inner.gates and engine.stats().waiting_by_lane["background"] == 1
+    inner.gates["b1"].put_nowait("x")  # b1's first token frees the prefill slot
+    await settle()
+    assert "b2" in inner.gates
+    assert engine.stats().running_by_lane["background"] == 2
+    for rid in ("b1", "b2"):
+        inner.gates[rid].put_nowait(None)
+    events = await second
+    result = events[-1]
+    assert isinstance(result, GenerationResult)
+    assert result.e2e_ms >= 5.0 and result.queue_ms >= 1.0
+    await first
+    assert engine.stats().running_by_lane["background"] == 0
+
+
+async def test_aborting_a_queued_request_ends_its_stream_with_request_aborted() -> None:
+    inner = ScriptedEngine()
+    engine = AdmittedEngine(inner, config(max_in_flight={N: 1}))
+    running = asyncio.create_task(collect(engine, request("n1", N)))
+    queued = asyncio.create_task(collect(engine, request("n2", N)))
+    await settle()
+    await engine.abort("n2")
+    with pytest.raises(RequestAbortedError):
+        await queued
+    await engine.abort("n1")  # admitted: passed on to the inner engine
+    assert inner.aborted == ["n1"]
+    inner.gates["n1"].put_nowait(None)
+    await running
+
+
+async def test_closing_the_stream_early_releases_the_slot() -> None:
+    inner = ScriptedEngine()
+    engine = AdmittedEngine(inner, config(max_in_flight={U: 1}))
+    stream = engine.generate(request("u1", U))
+    task = asyncio.create_task(anext(stream))  # type: ignore[arg-type]
+    await settle()
+    inner.gates["u1"].put_nowait("a")
+    assert await task == TextDelta("a")
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert engine.stats().running_by_lane["urgent"] == 0

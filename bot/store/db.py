@@ -1,0 +1,116 @@
+"""Engine creation: SQLite (aiosqlite) tuned for a bot, PostgreSQL (asyncpg) for several replicas.
+
+Errors::
+
+    StoreError            one readable line: which database (password masked) and why
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, exc, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
+
+from bot.config import StoreSettings, mask_url
+
+logger = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    """The database cannot be used; the message is one line naming the (masked) URL and the cause."""
+
+
+def describe_cause(error: BaseException) -> str:
+    """``ExceptionName: message`` on one line, without SQLAlchemy's background links and SQL echo."""
+    if isinstance(error, exc.DBAPIError) and error.orig is not None:
+        error = error.orig
+    message = " ".join(str(error).split()) or "no detail"
+    return f"{type(error).__name__}: {message}"
+
+
+def unreachable(url: str | URL, error: BaseException) -> StoreError:
+    """The :class:`StoreError` for a database that cannot be reached or used."""
+    shown = mask_url(url if isinstance(url, str) else url.render_as_string(hide_password=False))
+    return StoreError(
+        f"cannot use the database {shown}: {describe_cause(error)}. "
+        "Fix: check store.url (OPSBOT_STORE__URL) and that the database server is running"
+    )
+
+
+def is_row_error(error: BaseException) -> bool:
+    """True when the database refused the data itself (retrying the same rows cannot succeed).
+
+    Everything else (refused or reset connections, timeouts, a locked SQLite file) is treated as
+    transient and retried with backoff.
+    """
+    return isinstance(error, exc.IntegrityError | exc.DataError)
+
+
+def create_engine(url: str, settings: StoreSettings) -> AsyncEngine:
+    """An :class:`AsyncEngine` for ``url``, configured per backend.
+
+    SQLite gets WAL (readers never block the writer), ``busy_timeout`` and ``foreign_keys=ON`` on
+    every connection, and its parent folder is created. PostgreSQL (asyncpg) gets a connect timeout
+    and ``pool_pre_ping`` so connections killed during an outage are replaced, not reused.
+    Nothing connects here; :class:`StoreError` is raised for a URL that cannot even be parsed.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception as error:  # make_url raises ArgumentError or ValueError
+        raise unreachable(url, error) from None
+    backend = parsed.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database and database != ":memory:" and not database.startswith("file:"):
+            try:
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise unreachable(url, error) from None
+        kwargs["connect_args"] = {"timeout": settings.busy_timeout_ms / 1000.0}
+    elif backend == "postgresql":
+        kwargs["pool_pre_ping"] = True
+        kwargs["connect_args"] = {"timeout": settings.connect_timeout_s}
+    try:
+        engine = _create_async_engine(parsed, **kwargs)
+    except Exception as error:  # unknown driver, bad arguments
+        raise unreachable(url, error) from None
+    if backend == "sqlite":
+        _tune_sqlite(engine, settings, in_memory=not parsed.database or parsed.database == ":memory:")
+    return engine
+
+
+def _tune_sqlite(engine: AsyncEngine, settings: StoreSettings, *, in_memory: bool) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # The sqlite3 module's own transaction handling never wraps DDL in a transaction (a failed
+        # migration would leave half its tables); turn it off and emit BEGIN ourselves below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if not in_memory:  # an in-memory database has no journal file to switch
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(settings.busy_timeout_ms)}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+
+async def check_connection(engine: AsyncEngine, timeout_s: float | None = None) -> None:
+    """Run ``SELECT 1``; raise :class:`StoreError` naming the database when it fails."""
+
+    try:
+        async with asyncio.timeout(timeout_s), engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception as error:
+        raise unreachable(engine.url, error) from None

@@ -1,0 +1,164 @@
+"""SQLAlchemy 2 declarative models: the schema the Alembic migrations in ``migrations/`` create.
+
+Table names carry an ``opsbot_`` prefix so the bot can share a PostgreSQL database with other
+applications. Constraint names follow one naming convention so later batch migrations on SQLite
+can address them by name.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend.
+
+    SQLite has no timezone type: values are stored as naive UTC and come back with ``tzinfo=UTC``,
+    so comparisons and arithmetic behave the same as on PostgreSQL's ``timestamptz``.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:  # naive values are taken to be UTC already
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every opsbot table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class RequestRow(Base):
+    """One inference request (see :class:`bot.store.RequestRecord`)."""
+
+    __tablename__ = "opsbot_requests"
+    __table_args__ = (Index("ix_opsbot_requests_scenario_platform", "scenario", "platform"),)
+
+    # The request id is the key so a retried batch whose commit was acknowledged late upserts
+    # instead of duplicating the row.
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    channel: Mapped[str | None] = mapped_column(String(255))
+    thread_id: Mapped[str | None] = mapped_column(String(255))
+    user: Mapped[str | None] = mapped_column(String(255))
+    scenario: Mapped[str] = mapped_column(String(64))
+    lane: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str | None] = mapped_column(String(255))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    context_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    e2e_ms: Mapped[float | None] = mapped_column(Float)
+    post_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ThreadRow(Base):
+    """A conversation thread on one platform (the key follow-up messages are looked up by)."""
+
+    __tablename__ = "opsbot_threads"
+    __table_args__ = (UniqueConstraint("platform", "channel", "thread_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    channel: Mapped[str] = mapped_column(String(255))
+    thread_id: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ThreadMessageRow(Base):
+    """One turn of a thread, oldest first by (created_at, id)."""
+
+    __tablename__ = "opsbot_thread_messages"
+    __table_args__ = (Index("ix_opsbot_thread_messages_thread_created", "thread_pk", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # Generated when the message is buffered: a retried batch inserts each message once.
+    message_id: Mapped[str] = mapped_column(String(36), unique=True)
+    thread_pk: Mapped[int] = mapped_column(ForeignKey("opsbot_threads.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[str] = mapped_column(Text)
+    user: Mapped[str | None] = mapped_column(String(255))
+    request_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ProcessedEventRow(Base):
+    """A chat event some replica has claimed; the primary key is what makes the claim exclusive."""
+
+    __tablename__ = "opsbot_processed_events"
+
+    platform: Mapped[str] = mapped_column(String(32), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class AlertThreadRow(Base):
+    """Alertmanager group key -> the thread its notifications go to."""
+
+    __tablename__ = "opsbot_alert_threads"
+
+    group_key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    channel: Mapped[str] = mapped_column(String(255))
+    thread_id: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(32))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class FeedbackRow(Base):
+    """A user's vote on an answer; the key makes a second click replace the first.
+
+    ``user`` is ``''`` when the platform did not say who clicked (a key column cannot be NULL).
+    """
+
+    __tablename__ = "opsbot_feedback"
+
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,106 @@
+"""Plain data the store takes and gives back: no SQLAlchemy types leak out of ``bot.store``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC (every timestamp the store keeps is UTC)."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class RequestRecord:
+    """One inference request as the pipeline saw it: who asked, how it went, how long each step took."""
+
+    request_id: str
+    platform: str
+    channel: str | None
+    thread_id: str | None
+    user: str | None
+    scenario: str
+    lane: str
+    status: str
+    """``ok``, ``error``, ``aborted``, ``overloaded`` or ``refused``."""
+    error: str | None = None
+    model: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    queue_ms: float | None = None
+    context_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    post_ms: float | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+@dataclass
+class ThreadMessage:
+    """One turn of a conversation thread (``role`` is ``user`` or ``assistant``)."""
+
+    role: str
+    content: str
+    user: str | None
+    created_at: datetime
+    request_id: str | None
+
+
+@dataclass
+class AlertThread:
+    """The chat thread that carries one Alertmanager group (``status``: ``firing`` / ``resolved``)."""
+
+    group_key: str
+    platform: str
+    channel: str
+    thread_id: str
+    status: str
+
+
+@dataclass
+class Percentiles:
+    """P50 / P90 / P99 of one latency in milliseconds (``None`` when no row had a value)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+@dataclass
+class LatencyStats:
+    """Latency summary of the requests of one (scenario, platform) pair over a time window.
+
+    ``errors`` counts rows whose status is not ``ok``; ``by_status`` has the count per status.
+    Percentiles are over the rows that carry the value (a refused request has no TTFT).
+    """
+
+    scenario: str
+    platform: str
+    count: int
+    errors: int
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    queue_ms: Percentiles
+    e2e_ms: Percentiles
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+def percentile(sorted_values: list[float], pct: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method) of an ascending list; ``None`` if empty."""
+    if not sorted_values:
+        return None
+    rank = pct / 100.0 * (len(sorted_values) - 1)
+    low = int(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    frac = rank - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac
+
+
+def percentiles(values: list[float]) -> Percentiles:
+    """P50 / P90 / P99 of unsorted values."""
+    ordered = sorted(values)
+    return Percentiles(percentile(ordered, 50), percentile(ordered, 90), percentile(ordered, 99))

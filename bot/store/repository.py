@@ -1,0 +1,545 @@
+"""The Store: everything opsbot keeps, behind one small async API.
+
+Writes (requests, thread messages, alert threads, feedback) go through the :class:`WriteBuffer`
+and never wait on the database. Reads used on the reply path degrade instead of failing while
+the database is down: :meth:`Store.claim_event` falls back to an in-process set, thread reads
+return what is still buffered. Statistics reads raise :class:`StoreError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Table, and_, delete, func, or_, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from bot import metrics
+from bot.config import StoreSettings, mask_url
+from bot.store import migrate
+from bot.store.buffer import PendingClaim, PendingFeedback, PendingMessage, PendingRow, WriteBuffer
+from bot.store.db import StoreError, check_connection, create_engine, describe_cause, unreachable
+from bot.store.models import (
+    AlertThreadRow,
+    FeedbackRow,
+    ProcessedEventRow,
+    RequestRow,
+    ThreadMessageRow,
+    ThreadRow,
+)
+from bot.store.records import AlertThread, LatencyStats, RequestRecord, ThreadMessage, percentiles, utcnow
+
+logger = logging.getLogger(__name__)
+
+EVENT_RETENTION = timedelta(days=7)
+"""Processed-event keys older than this are pruned (platforms stop retrying within minutes)."""
+_PRUNE_INTERVAL_S = 3600.0
+_LOCAL_CLAIMS = 10_000
+"""Recent event keys remembered in-process, for de-duplication while the database is down."""
+
+_REQUESTS: Table = RequestRow.__table__  # type: ignore[assignment]
+_THREADS: Table = ThreadRow.__table__  # type: ignore[assignment]
+_MESSAGES: Table = ThreadMessageRow.__table__  # type: ignore[assignment]
+_EVENTS: Table = ProcessedEventRow.__table__  # type: ignore[assignment]
+_ALERTS: Table = AlertThreadRow.__table__  # type: ignore[assignment]
+_FEEDBACK: Table = FeedbackRow.__table__  # type: ignore[assignment]
+
+
+class Store:
+    """opsbot's storage (SQLite or PostgreSQL); create it with :meth:`open`, end it with :meth:`close`."""
+
+    def __init__(self, engine: AsyncEngine, settings: StoreSettings) -> None:
+        """Use :meth:`open`; this only wires the parts together."""
+        self._engine = engine
+        self._settings = settings
+        self._dialect = engine.dialect.name
+        self._where = mask_url(engine.url.render_as_string(hide_password=False))
+        self._buffer = WriteBuffer(settings, self._write_batch, self._probe)
+        self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._maintenance: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str, settings: StoreSettings, *, upgrade: bool = True) -> Store:
+        """Connect to ``url``, migrate it to the newest schema unless ``upgrade`` is False, start the writer.
+
+        Raises :class:`StoreError` (one line: masked URL and cause) when the database cannot be
+        reached or migrated.
+        """
+        engine = create_engine(url, settings)
+        if engine.dialect.name not in ("sqlite", "postgresql"):
+            await engine.dispose()
+            raise StoreError(
+                f"unsupported database {mask_url(url)}: "
+                "opsbot stores to sqlite+aiosqlite or postgresql+asyncpg URLs"
+            )
+        try:
+            if upgrade:
+                await migrate.upgrade_engine(engine)
+            else:
+                await check_connection(engine, settings.connect_timeout_s)
+                async with engine.connect() as conn:
+                    at = await conn.run_sync(migrate.revision_of)
+                if at != migrate.head_revision():
+                    logger.warning(
+                        "database %s is at schema revision %s, this opsbot expects %s: "
+                        "run `opsbot db upgrade`",
+                        mask_url(url),
+                        at or "none",
+                        migrate.head_revision(),
+                    )
+        except BaseException:
+            await engine.dispose()
+            raise
+        store = cls(engine, settings)
+        store._buffer.start()
+        store._maintenance = asyncio.get_running_loop().create_task(store._prune_forever())
+        metrics.STORE_UP.set(1)
+        logger.info("store open at %s", store._where)
+        return store
+
+    async def close(self, flush_timeout_s: float = 10.0) -> None:
+        """Write what is buffered (for up to ``flush_timeout_s``), then release the database."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+        left = await self._buffer.close(flush_timeout_s)
+        if left:
+            logger.error(
+                "store closed with %d buffered rows not written to %s (database unreachable for %.1fs)",
+                left,
+                self._where,
+                flush_timeout_s,
+            )
+        await self._engine.dispose()
+
+    @property
+    def buffered(self) -> int:
+        """Rows waiting in memory to be written."""
+        return self._buffer.size
+
+    @property
+    def dropped(self) -> int:
+        """Rows lost because the write buffer was full."""
+        return self._buffer.dropped
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy engine (for tests and maintenance scripts)."""
+        return self._engine
+
+    # -- health ----------------------------------------------------------------------------
+    async def ping(self) -> bool:
+        """True when the database answers ``SELECT 1`` within the connect timeout (readiness)."""
+        try:
+            await self._probe()
+        except Exception as error:
+            logger.debug("store ping failed: %s", describe_cause(error))
+            self._buffer.set_up(False)
+            return False
+        self._buffer.set_up(True)
+        return True
+
+    async def _probe(self) -> None:
+        async with asyncio.timeout(self._settings.connect_timeout_s), self._engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    # -- de-duplication --------------------------------------------------------------------
+    async def claim_event(self, platform: str, event_id: str) -> bool:
+        """True only for the first claim of ``(platform, event_id)``, across every replica.
+
+        The claim is an INSERT that the table's primary key lets succeed once. While the database
+        is down, an in-process set decides (this replica keeps answering) and the claim is queued
+        so other replicas see it once the database is back.
+        """
+        key = (platform, event_id)
+        if self._buffer.up:
+            try:
+                async with self._timeout(), self._engine.begin() as conn:
+                    stmt = self._insert(_EVENTS).values(
+                        platform=platform, event_id=event_id, created_at=utcnow()
+                    )
+                    result = await conn.execute(
+                        stmt.on_conflict_do_nothing(index_elements=["platform", "event_id"])
+                    )
+                won = result.rowcount == 1
+                self._remember(key)
+                return won
+            except Exception as error:
+                self._read_failed("claim_event", error)
+        if key in self._local_claims:
+            return False
+        self._remember(key)
+        self._buffer.put(PendingClaim(platform, event_id))
+        return True
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        self._local_claims[key] = None
+        self._local_claims.move_to_end(key)
+        while len(self._local_claims) > _LOCAL_CLAIMS:
+            self._local_claims.popitem(last=False)
+
+    async def prune_events(self, older_than: timedelta = EVENT_RETENTION) -> int:
+        """Delete processed-event keys older than ``older_than``; return how many went."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(delete(_EVENTS).where(_EVENTS.c.created_at < utcnow() - older_than))
+        return result.rowcount
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_PRUNE_INTERVAL_S)
+            try:
+                pruned = await self.prune_events()
+            except Exception as error:
+                logger.warning("pruning processed events failed: %s", describe_cause(error))
+            else:
+                logger.debug("pruned %d processed events", pruned)
+
+    # -- buffered writes -------------------------------------------------------------------
+    async def record_request(self, record: RequestRecord) -> None:
+        """Queue one request row (never raises, never waits on the database)."""
+        self._buffer.put(record)
+
+    async def append_message(
+        self,
+        platform: str,
+        channel: str,
+        thread_id: str,
+        role: str,
+        content: str,
+        *,
+        user: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        """Queue one turn of a thread (``role``: ``user`` or ``assistant``)."""
+        self._buffer.put(PendingMessage(platform, channel, thread_id, role, content, user, request_id))
+
+    async def save_alert_thread(self, thread: AlertThread) -> None:
+        """Queue the thread that carries an alert group (a later save for the key replaces it)."""
+        self._buffer.put(AlertThread(**asdict(thread)))
+
+    async def record_feedback(self, request_id: str, platform: str, user: str | None, value: int) -> None:
+        """Queue a vote (+1 / -1) on an answer; a user's second vote on it replaces the first."""
+        self._buffer.put(PendingFeedback(request_id, platform, user, value))
+
+    # -- thread reads ----------------------------------------------------------------------
+    async def thread_history(
+        self, platform: str, channel: str, thread_id: str, limit: int = 50
+    ) -> list[ThreadMessage]:
+        """The last ``limit`` turns of a thread, oldest first, including turns still buffered."""
+        pending = [
+            row
+            for row in self._buffer.pending()
+            if isinstance(row, PendingMessage)
+            and (row.platform, row.channel, row.thread_id) == (platform, channel, thread_id)
+        ]
+        stored: list[tuple[str, ThreadMessage]] = []
+        if self._buffer.up:
+            try:
+                async with self._timeout(), self._engine.connect() as conn:
+                    rows = (
+                        await conn.execute(
+                            select(
+                                _MESSAGES.c.message_id,
+                                _MESSAGES.c.role,
+                                _MESSAGES.c.content,
+                                _MESSAGES.c.user,
+                                _MESSAGES.c.created_at,
+                                _MESSAGES.c.request_id,
+                            )
+                            .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
+                            .where(self._thread_is(platform, channel, thread_id))
+                            .order_by(_MESSAGES.c.created_at.desc(), _MESSAGES.c.id.desc())
+                            .limit(limit)
+                        )
+                    ).all()
+                stored = [
+                    (r.message_id, ThreadMessage(r.role, r.content, r.user, r.created_at, r.request_id))
+                    for r in reversed(rows)
+                ]
+            except Exception as error:
+                self._read_failed("thread_history", error)
+        else:
+            logger.warning(
+                "database down: thread %s/%s/%s history has only the %d buffered turns",
+                platform,
+                channel,
+                thread_id,
+                len(pending),
+            )
+        seen = {message_id for message_id, _ in stored}
+        merged = [message for _, message in stored] + [
+            ThreadMessage(p.role, p.content, p.user, p.created_at, p.request_id)
+            for p in pending
+            if p.message_id not in seen
+        ]
+        merged.sort(key=lambda m: m.created_at)  # stable: equal times keep stored-then-buffered order
+        return merged[-limit:] if limit > 0 else []
+
+    async def is_bot_thread(self, platform: str, channel: str, thread_id: str) -> bool:
+        """True when opsbot has answered in this thread (an ``assistant`` turn is stored or buffered)."""
+        for row in self._buffer.pending():
+            if (
+                isinstance(row, PendingMessage)
+                and row.role == "assistant"
+                and (row.platform, row.channel, row.thread_id) == (platform, channel, thread_id)
+            ):
+                return True
+        if not self._buffer.up:
+            logger.warning(
+                "database down: is_bot_thread(%s/%s/%s) sees only buffered turns",
+                platform,
+                channel,
+                thread_id,
+            )
+            return False
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                found = await conn.scalar(
+                    select(_MESSAGES.c.id)
+                    .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
+                    .where(self._thread_is(platform, channel, thread_id), _MESSAGES.c.role == "assistant")
+                    .limit(1)
+                )
+        except Exception as error:
+            self._read_failed("is_bot_thread", error)
+            return False
+        return found is not None
+
+    async def get_alert_thread(self, group_key: str) -> AlertThread | None:
+        """The thread saved for an alert group (a buffered save wins: it is the newest)."""
+        for row in reversed(self._buffer.pending()):
+            if isinstance(row, AlertThread) and row.group_key == group_key:
+                return AlertThread(**asdict(row))
+        if not self._buffer.up:
+            logger.warning("database down: no buffered thread for alert group %s", group_key)
+            return None
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                found = (await conn.execute(select(_ALERTS).where(_ALERTS.c.group_key == group_key))).first()
+        except Exception as error:
+            self._read_failed("get_alert_thread", error)
+            return None
+        if found is None:
+            return None
+        return AlertThread(found.group_key, found.platform, found.channel, found.thread_id, found.status)
+
+    # -- statistics ------------------------------------------------------------------------
+    async def latency_stats(self, since: datetime, until: datetime | None = None) -> list[LatencyStats]:
+        """Per (scenario, platform): request count, errors (status not ``ok``) and P50/P90/P99 of
+        TTFT, TPOT, queue and end-to-end ms, over requests created in ``[since, until)``.
+
+        Percentiles are computed here over the rows of the window (same numbers on SQLite and
+        PostgreSQL). Rows still buffered count too. Raises :class:`StoreError` if the database
+        cannot be read.
+        """
+        columns = (
+            _REQUESTS.c.request_id,
+            _REQUESTS.c.scenario,
+            _REQUESTS.c.platform,
+            _REQUESTS.c.status,
+            _REQUESTS.c.ttft_ms,
+            _REQUESTS.c.tpot_ms,
+            _REQUESTS.c.queue_ms,
+            _REQUESTS.c.e2e_ms,
+        )
+        window = [_REQUESTS.c.created_at >= since]
+        if until is not None:
+            window.append(_REQUESTS.c.created_at < until)
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                stored = (await conn.execute(select(*columns).where(*window))).all()
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+        rows: dict[str, tuple[str, str, str, float | None, float | None, float | None, float | None]] = {
+            r.request_id: (r.scenario, r.platform, r.status, r.ttft_ms, r.tpot_ms, r.queue_ms, r.e2e_ms)
+            for r in stored
+        }
+        for p in self._pending_requests(since, until):
+            rows[p.request_id] = (
+                p.scenario,
+                p.platform,
+                p.status,
+                p.ttft_ms,
+                p.tpot_ms,
+                p.queue_ms,
+                p.e2e_ms,
+            )
+        groups: dict[
+            tuple[str, str], list[tuple[str, float | None, float | None, float | None, float | None]]
+        ] = {}
+        for scenario, platform, *rest in rows.values():
+            groups.setdefault((scenario, platform), []).append(tuple(rest))  # type: ignore[arg-type]
+        result = []
+        for (scenario, platform), members in sorted(groups.items()):
+            by_status: dict[str, int] = {}
+            for status, *_ in members:
+                by_status[status] = by_status.get(status, 0) + 1
+
+            def column(index: int, members: Sequence[tuple[Any, ...]] = members) -> list[float]:
+                return [float(m[index]) for m in members if m[index] is not None]
+
+            result.append(
+                LatencyStats(
+                    scenario=scenario,
+                    platform=platform,
+                    count=len(members),
+                    errors=len(members) - by_status.get("ok", 0),
+                    ttft_ms=percentiles(column(1)),
+                    tpot_ms=percentiles(column(2)),
+                    queue_ms=percentiles(column(3)),
+                    e2e_ms=percentiles(column(4)),
+                    by_status=dict(sorted(by_status.items())),
+                )
+            )
+        return result
+
+    async def recent_ttft(self, since: datetime) -> list[float]:
+        """TTFT (ms) of every request created since ``since`` that has one (stored or buffered).
+
+        While the database is down this is only the buffered requests (logged at WARNING).
+        """
+        pending = {
+            p.request_id: p.ttft_ms for p in self._pending_requests(since, None) if p.ttft_ms is not None
+        }
+        stored: dict[str, float] = {}
+        if self._buffer.up:
+            try:
+                async with self._timeout(), self._engine.connect() as conn:
+                    rows = (
+                        await conn.execute(
+                            select(_REQUESTS.c.request_id, _REQUESTS.c.ttft_ms).where(
+                                _REQUESTS.c.created_at >= since, _REQUESTS.c.ttft_ms.is_not(None)
+                            )
+                        )
+                    ).all()
+                stored = {r.request_id: float(r.ttft_ms) for r in rows}
+            except Exception as error:
+                self._read_failed("recent_ttft", error)
+        else:
+            logger.warning("database down: recent_ttft covers only the %d buffered requests", len(pending))
+        stored.update(pending)
+        return list(stored.values())
+
+    async def count_requests(self) -> int:
+        """Request rows in the database (not counting buffered ones)."""
+        async with self._engine.connect() as conn:
+            return int(await conn.scalar(select(func.count()).select_from(_REQUESTS)) or 0)
+
+    def _pending_requests(self, since: datetime, until: datetime | None) -> list[RequestRecord]:
+        return [
+            row
+            for row in self._buffer.pending()
+            if isinstance(row, RequestRecord)
+            and row.created_at >= since
+            and (until is None or row.created_at < until)
+        ]
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _timeout(self) -> asyncio.Timeout:
+        # Connecting may take connect_timeout_s; the statement itself gets as long again.
+        return asyncio.timeout(self._settings.connect_timeout_s * 2)
+
+    def _read_failed(self, what: str, error: BaseException) -> None:
+        logger.warning(
+            "database %s unreachable during %s, using what is in memory: %s",
+            self._where,
+            what,
+            describe_cause(error),
+        )
+        self._buffer.set_up(False)
+
+    def _insert(self, table: Table) -> Any:
+        """INSERT with ON CONFLICT support in the engine's dialect."""
+        return pg_insert(table) if self._dialect == "postgresql" else sqlite_insert(table)
+
+    @staticmethod
+    def _thread_is(platform: str, channel: str, thread_id: str) -> Any:
+        return and_(
+            _THREADS.c.platform == platform, _THREADS.c.channel == channel, _THREADS.c.thread_id == thread_id
+        )
+
+    async def _write_batch(self, batch: list[PendingRow]) -> None:
+        """Write a batch in one transaction; every statement is an upsert or insert-or-ignore."""
+        requests: dict[str, RequestRecord] = {}
+        messages: list[PendingMessage] = []
+        claims: dict[tuple[str, str], PendingClaim] = {}
+        alerts: dict[str, AlertThread] = {}
+        feedback: dict[tuple[str, str, str], PendingFeedback] = {}
+        # The last write of a key wins; PostgreSQL refuses one statement updating a row twice.
+        for row in batch:
+            if isinstance(row, RequestRecord):
+                requests[row.request_id] = row
+            elif isinstance(row, PendingMessage):
+                messages.append(row)
+            elif isinstance(row, PendingClaim):
+                claims.setdefault((row.platform, row.event_id), row)
+            elif isinstance(row, AlertThread):
+                alerts[row.group_key] = row
+            else:
+                feedback[(row.request_id, row.platform, row.user or "")] = row
+        async with self._engine.begin() as conn:
+            if requests:
+                await self._upsert(conn, _REQUESTS, [asdict(r) for r in requests.values()], ["request_id"])
+            if claims:
+                stmt = self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["platform", "event_id"])
+                await conn.execute(stmt, [asdict(c) for c in claims.values()])
+            if messages:
+                await self._write_messages(conn, messages)
+            if alerts:
+                values = [{**asdict(a), "updated_at": utcnow()} for a in alerts.values()]
+                await self._upsert(conn, _ALERTS, values, ["group_key"])
+            if feedback:
+                values = [{**asdict(f), "user": f.user or ""} for f in feedback.values()]
+                await self._upsert(conn, _FEEDBACK, values, ["request_id", "platform", "user"])
+
+    async def _upsert(
+        self, conn: AsyncConnection, table: Table, values: list[dict[str, Any]], key: list[str]
+    ) -> None:
+        stmt = self._insert(table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=key,
+            set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in key},
+        )
+        await conn.execute(stmt, values)
+
+    async def _write_messages(self, conn: AsyncConnection, messages: list[PendingMessage]) -> None:
+        keys = {(m.platform, m.channel, m.thread_id): m.created_at for m in reversed(messages)}
+        await conn.execute(
+            self._insert(_THREADS).on_conflict_do_nothing(
+                index_elements=["platform", "channel", "thread_id"]
+            ),
+            [
+                {"platform": p, "channel": c, "thread_id": t, "created_at": at}
+                for (p, c, t), at in keys.items()
+            ],
+        )
+        found = await conn.execute(
+            select(_THREADS.c.id, _THREADS.c.platform, _THREADS.c.channel, _THREADS.c.thread_id).where(
+                or_(*(self._thread_is(*key) for key in keys))
+            )
+        )
+        ids = {(r.platform, r.channel, r.thread_id): r.id for r in found}
+        await conn.execute(
+            self._insert(_MESSAGES).on_conflict_do_nothing(index_elements=["message_id"]),
+            [
+                {
+                    "message_id": m.message_id,
+                    "thread_pk": ids[(m.platform, m.channel, m.thread_id)],
+                    "role": m.role,
+                    "content": m.content,
+                    "user": m.user,
+                    "request_id": m.request_id,
+                    "created_at": m.created_at,
+                }
+                for m in messages
+            ],
+        )

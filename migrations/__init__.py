@@ -1,0 +1,1 @@
+"""opsbot's Alembic migrations (run them with ``opsbot db upgrade`` or :mod:`bot.store.migrate`)."""

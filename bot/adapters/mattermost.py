@@ -1,0 +1,675 @@
+"""Mattermost: mentions, DMs, thread follow-ups, ``/rca``, streamed answers, feedback buttons.
+
+Events come over the websocket (``/api/v4/websocket``); everything else is REST v4
+(:mod:`bot.adapters.mattermost_rest`). The websocket client is our own aiohttp one rather than
+mattermostdriver 7.3.2's, whose gaps are too wide to paper over: its ``wss`` context is built
+with ``ssl.Purpose.CLIENT_AUTH`` (a server-side context with ``CERT_NONE``, so the server's
+certificate is never verified whatever ``verify`` says), it never notices a half-open socket
+(it sends unsolicited pongs and awaits nothing), reconnects after a fixed delay without backoff
+or jitter, gives no hook to catch up after a reconnect, and loops forever on a failed
+authentication.
+
+Never lose a post: the reader reconnects when the socket closes or stays silent longer than
+``websocket_silence_s`` (it pings every third of that, so a healthy idle socket always has
+pong frames), with exponential backoff and jitter. After every (re)connect it fetches, per
+watched channel, every post created since the last one it saw (``GET /channels/{id}/posts?since=``)
+and handles the ones not yet processed. Duplicates (a post seen live and in the catch-up, a
+second replica) are dropped by post id: locally for cheapness, and for good by the pipeline's
+``store.claim_event`` (``IncomingMessage.event_id`` is the post id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import random
+import re
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.adapters.mattermost_rest import (
+    DEFAULT_MAX_POST_SIZE,
+    PLATFORM,
+    MattermostAPIError,
+    MattermostRest,
+    ssl_context,
+)
+from bot.adapters.streaming import ChannelPacer, ReplyDeliveryError, StreamingReply, format_footer_line
+from bot.config import MattermostSettings
+from bot.metrics import REPLIES_FAILED
+from bot.store import Store
+from bot.types import FinalAnswer, IncomingMessage, MessageKind
+
+logger = logging.getLogger(__name__)
+
+COMMAND_PATH = "/mattermost/command"
+"""Where the ``/rca`` custom slash command's request URL points."""
+ACTIONS_PATH = "/mattermost/actions"
+"""Where feedback buttons' ``integration.url`` points (under ``public_url``)."""
+
+_SEEN_MAX = 20_000  # post ids remembered locally (the store is the durable de-duplication)
+_CATCHUP_MARGIN_MS = 2_000  # posts may be stored with a create_at slightly behind the last one seen
+
+
+def feedback_signature(secret: str, request_id: str, value: int) -> str:
+    """HMAC of one button's meaning, so a click can be neither forged nor repointed."""
+    return hmac.new(secret.encode(), f"{request_id}:{value}".encode(), hashlib.sha256).hexdigest()
+
+
+def render_footer(answer: FinalAnswer) -> str:
+    """The Markdown footer under an answer: a rule, then sources and timings with units."""
+    return f"\n\n---\n:mag: {format_footer_line(answer)} · request `{answer.request_id}`"
+
+
+class MattermostReply(StreamingReply):
+    """One answer in a Mattermost thread: placeholder post, ``PUT /posts/{id}/patch`` edits."""
+
+    def __init__(self, adapter: MattermostAdapter, message: IncomingMessage, root_id: str) -> None:
+        s = adapter.settings
+        super().__init__(
+            channel=message.channel,
+            thread_id=root_id,
+            limit=adapter.max_post_size,
+            edit_interval_s=s.edit_interval_s,
+            pacer=adapter.pacer,
+        )
+        self._adapter = adapter
+        self._message = message
+
+    def _final_limit(self, answer: FinalAnswer) -> int:
+        return max(16, self.limit - len(render_footer(answer)))
+
+    async def _post(self, text: str, final: FinalAnswer | None) -> str:
+        message, props = self._render(text, final)
+        try:
+            post = await self._adapter.rest.create_post(
+                self.channel,
+                message,
+                root_id=self.thread_id,
+                props=props,
+                pending_post_id=self._adapter.pending_post_id(),
+            )
+        except MattermostAPIError as exc:
+            raise ReplyDeliveryError(str(exc)) from exc
+        return str(post["id"])
+
+    async def _edit(self, message_id: str, text: str, final: FinalAnswer | None) -> None:
+        message, props = self._render(text, final)
+        try:
+            await self._adapter.rest.patch_post(message_id, message, props)
+        except MattermostAPIError as exc:
+            raise ReplyDeliveryError(str(exc)) from exc
+
+    def _render(self, text: str, final: FinalAnswer | None) -> tuple[str, dict[str, Any] | None]:
+        if final is None:
+            return text, None
+        return text + render_footer(final), self._adapter.feedback_props(final)
+
+
+class MattermostAdapter(ChatAdapter):
+    """The Mattermost connection: websocket events in, REST posts and edits out."""
+
+    platform = PLATFORM
+
+    def __init__(self, settings: MattermostSettings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.rest = MattermostRest(settings)
+        self.pacer = ChannelPacer(settings.channel_post_interval_s)
+        self.max_post_size = DEFAULT_MAX_POST_SIZE
+        self.bot_user_id = ""
+        self.bot_username = ""
+        self.ws_connects = 0
+        """Websocket sessions that reached ``hello`` (for tests and logs)."""
+        self._handler: MessageHandler | None = None
+        self._rng = random.Random()
+        self._channel_types: dict[str, str] = {}
+        self._last_seen: dict[str, int] = {}
+        self._pending_since: dict[str, int] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._catchup_task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._stopping = False
+        self._started_ms = 0
+        self._last_pending_ms = 0
+        self._gap_generation = 0
+        self._mention_re: re.Pattern[str] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self, handler: MessageHandler) -> None:
+        """Log in (``GET /users/me``), read the post limit, list channels, open the websocket."""
+        self._handler = handler
+        self._stopping = False
+        await self.rest.start()
+        me = await self.rest.me()
+        self.bot_user_id, self.bot_username = str(me["id"]), str(me.get("username", ""))
+        self._mention_re = re.compile(rf"(?<![\w@])@{re.escape(self.bot_username)}\b", re.IGNORECASE)
+        self.max_post_size = await self._read_max_post_size()
+        self._started_ms = int(time.time() * 1000)
+        await self._refresh_channels()
+        for channel in self._channel_types:
+            self._pending_since.setdefault(channel, self._started_ms)
+        self._supervisor = asyncio.create_task(self._run_websocket(), name="mattermost-websocket")
+        try:
+            await asyncio.wait_for(self._listening.wait(), self.settings.request_timeout_s)
+        except TimeoutError:
+            logger.warning("mattermost websocket not connected yet; still trying in the background")
+        logger.info(
+            "mattermost connected as @%s (%s), %d channels watched, post limit %d",
+            self.bot_username,
+            self.bot_user_id,
+            len(self._channel_types),
+            self.max_post_size,
+        )
+
+    async def stop(self) -> None:
+        """Close the websocket, let answers in flight finish (bounded), close the REST session."""
+        self._stopping = True
+        for task in (self._supervisor, self._catchup_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.request_timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.rest.close()
+        self._listening.clear()
+
+    async def _read_max_post_size(self) -> int:
+        try:
+            config = await self.rest.client_config()
+            return max(16, int(config.get("MaxPostSize") or DEFAULT_MAX_POST_SIZE))
+        except (MattermostAPIError, ValueError, TypeError) as exc:
+            logger.info(
+                "mattermost client config unavailable (%s); post limit %d", exc, DEFAULT_MAX_POST_SIZE
+            )
+            return DEFAULT_MAX_POST_SIZE
+
+    async def _refresh_channels(self) -> None:
+        """Every channel the bot is a member of (DMs and group messages included)."""
+        found: dict[str, str] = {}
+        for team in await self.rest.my_teams():
+            for info in await self.rest.my_channels(str(team["id"])):
+                if not info.get("delete_at"):
+                    found[str(info["id"])] = str(info.get("type", "O"))
+        for channel, ctype in found.items():
+            if channel not in self._channel_types and self._last_pending_ms:
+                # Joined while disconnected: catch up from when the gap began.
+                self._pending_since.setdefault(channel, self._last_pending_ms)
+            self._channel_types[channel] = ctype
+
+    # -- websocket ----------------------------------------------------------------------------
+    @property
+    def websocket_url(self) -> str:
+        """``ws(s)://host:port/api/v4/websocket``."""
+        scheme = "wss" if self.settings.scheme == "https" else "ws"
+        s = self.settings
+        return f"{scheme}://{s.url}:{s.port}{s.basepath.rstrip('/')}/websocket"
+
+    async def _run_websocket(self) -> None:
+        attempt = 0
+        while not self._stopping:
+            reached_hello = False
+            try:
+                reached_hello = await self._websocket_session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("mattermost websocket failed: %s: %s", type(exc).__name__, exc)
+            if self._stopping:
+                return
+            self._mark_gap()
+            attempt = 0 if reached_hello else attempt + 1
+            cap = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2**attempt)
+            delay = self._rng.uniform(cap / 2, cap)
+            logger.info("mattermost websocket reconnecting in %.2f s (attempt %d)", delay, attempt + 1)
+            await asyncio.sleep(delay)
+
+    def _mark_gap(self, *, disconnected: bool = True) -> None:
+        """Events were missed: remember, per channel, from when posts must be fetched again."""
+        if disconnected:
+            self._listening.clear()
+        self._gap_generation += 1
+        now = int(time.time() * 1000)
+        if not self._pending_since:
+            self._last_pending_ms = now
+        for channel in self._channel_types:
+            self._pending_since.setdefault(channel, self._last_seen.get(channel, self._started_ms))
+
+    async def _websocket_session(self) -> bool:
+        """One connection: authenticate, read frames until closed or silent; True if it got hello."""
+        silence = self.settings.websocket_silence_s
+        reached_hello = False
+        ws = await self.rest.session.ws_connect(
+            self.websocket_url,
+            autoping=False,
+            ssl=ssl_context(self.settings.verify_tls),
+            timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+            max_msg_size=0,
+        )
+        pinger = asyncio.create_task(self._ping_loop(ws, silence / 3), name="mattermost-ws-ping")
+        expected_seq: int | None = None
+        try:
+            token = self.settings.token.get_secret_value() if self.settings.token else ""
+            await ws.send_str(
+                json.dumps({"seq": 1, "action": "authentication_challenge", "data": {"token": token}})
+            )
+            while True:
+                try:
+                    msg = await ws.receive(timeout=silence)
+                except TimeoutError:
+                    logger.warning("mattermost websocket silent for %.1f s: reconnecting", silence)
+                    return reached_hello
+                if msg.type == aiohttp.WSMsgType.PING:
+                    await ws.pong(msg.data)
+                    continue
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    if msg.type in (
+                        aiohttp.WSMsgType.CLOSE,
+                        aiohttp.WSMsgType.CLOSED,
+                        aiohttp.WSMsgType.CLOSING,
+                        aiohttp.WSMsgType.ERROR,
+                    ):
+                        logger.info("mattermost websocket closed (%s)", msg.type.name)
+                        return reached_hello
+                    continue  # PONG and binary frames only prove the socket is alive
+                frame = json.loads(msg.data)
+                if "seq_reply" in frame:
+                    if frame.get("status") == "FAIL" and frame.get("seq_reply") == 1:
+                        raise MattermostAPIError(
+                            "WS",
+                            "/websocket",
+                            401,
+                            str(frame.get("error", {}).get("message", "")),
+                            error_id=str(frame.get("error", {}).get("id", "")),
+                        )
+                    continue
+                seq = frame.get("seq")
+                if isinstance(seq, int):
+                    if expected_seq is not None and seq != expected_seq:
+                        # A hole in the sequence: events were lost on the server side.
+                        logger.warning(
+                            "mattermost websocket seq %d, expected %d: catching up", seq, expected_seq
+                        )
+                        self._mark_gap(disconnected=False)
+                        self._schedule_catch_up()
+                    expected_seq = seq + 1
+                event = frame.get("event")
+                if event == "hello":
+                    reached_hello = True
+                    self.ws_connects += 1
+                    self._listening.set()
+                    self._schedule_catch_up()
+                elif event == "posted":
+                    await self._on_posted(frame.get("data") or {})
+                elif event in ("user_added", "direct_added", "group_added", "channel_created"):
+                    self._on_joined(frame)
+        finally:
+            pinger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pinger
+            if not ws.closed:
+                # A half-open peer never answers the close handshake: do not wait for it.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.close(), 1.0)
+
+    async def _ping_loop(self, ws: aiohttp.ClientWebSocketResponse, interval: float) -> None:
+        while not ws.closed:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):
+                await ws.ping()
+
+    def _on_joined(self, frame: dict[str, Any]) -> None:
+        data = frame.get("data") or {}
+        broadcast = frame.get("broadcast") or {}
+        channel = str(broadcast.get("channel_id") or data.get("channel_id") or "")
+        if frame.get("event") == "user_added" and data.get("user_id") != self.bot_user_id:
+            return
+        if channel and channel not in self._channel_types:
+            self._channel_types[channel] = "O"
+            self._spawn(self._learn_channel(channel), f"mattermost-channel-{channel}")
+
+    async def _learn_channel(self, channel: str) -> None:
+        with contextlib.suppress(MattermostAPIError):
+            info = await self.rest.get_channel(channel)
+            self._channel_types[channel] = str(info.get("type", "O"))
+
+    # -- catch-up -----------------------------------------------------------------------------
+    def _schedule_catch_up(self) -> None:
+        if self._catchup_task is None or self._catchup_task.done():
+            self._catchup_task = asyncio.create_task(self._catch_up(), name="mattermost-catch-up")
+
+    async def _catch_up(self) -> None:
+        """Fetch posts missed while disconnected; retried until done or the socket drops again."""
+        attempt = 0
+        while self._pending_since and not self._stopping:
+            # Only a fetch made while the socket is live closes a gap: posts after it arrive live.
+            await self._listening.wait()
+            generation = self._gap_generation
+            try:
+                await self._refresh_channels()
+                for channel, since in sorted(self._pending_since.items()):
+                    ctype = self._channel_types.get(channel, "O")
+                    posts = await self.rest.posts_since(channel, since - _CATCHUP_MARGIN_MS)
+                    handled = 0
+                    for post in posts:
+                        if int(post.get("create_at", 0)) >= since - _CATCHUP_MARGIN_MS:
+                            handled += await self._consider(post, ctype, None)
+                    if handled:
+                        logger.info("mattermost catch-up: %d missed posts in %s", handled, channel)
+                    if generation == self._gap_generation:
+                        self._pending_since.pop(channel, None)
+                if not self._pending_since:
+                    self._last_pending_ms = 0
+            except MattermostAPIError as exc:
+                attempt += 1
+                delay = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2**attempt)
+                logger.warning("mattermost catch-up failed (%s); again in %.1f s", exc, delay)
+                await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+
+    # -- incoming posts -------------------------------------------------------------------------
+    async def _on_posted(self, data: dict[str, Any]) -> None:
+        raw = data.get("post")
+        post = json.loads(raw) if isinstance(raw, str) else raw  # JSON inside JSON
+        if not isinstance(post, dict):
+            return
+        mentions: list[str] | None = None
+        if isinstance(data.get("mentions"), str):
+            with contextlib.suppress(ValueError):
+                mentions = list(json.loads(data["mentions"]))
+        channel = str(post.get("channel_id", ""))
+        ctype = str(data.get("channel_type") or self._channel_types.get(channel, "O"))
+        self._channel_types.setdefault(channel, ctype)
+        await self._consider(post, ctype, mentions)
+
+    async def _consider(self, post: dict[str, Any], ctype: str, mentions: list[str] | None) -> int:
+        """Turn one post into a message for the pipeline if opsbot should answer it; 1 if so."""
+        post_id = str(post.get("id", ""))
+        channel = str(post.get("channel_id", ""))
+        create_at = int(post.get("create_at", 0))
+        if create_at > self._last_seen.get(channel, 0):
+            self._last_seen[channel] = create_at
+        if not post_id or post_id in self._seen:
+            return 0
+        self._seen[post_id] = None
+        if len(self._seen) > _SEEN_MAX:
+            self._seen.popitem(last=False)
+        props = post.get("props") or {}
+        user = str(post.get("user_id", ""))
+        if (
+            user == self.bot_user_id
+            or str(props.get("from_bot", "")).lower() == "true"
+            or props.get("from_webhook") == "true"
+            or str(post.get("type", "")).startswith("system_")
+            or post.get("delete_at")
+        ):
+            return 0
+        text = str(post.get("message", ""))
+        root_id = str(post.get("root_id") or "")
+        mentioned = (mentions is not None and self.bot_user_id in mentions) or bool(
+            self._mention_re and self._mention_re.search(text)
+        )
+        if ctype == "D":
+            kind = MessageKind.DIRECT
+        elif mentioned:
+            kind = MessageKind.MENTION
+        elif root_id and await self.store.is_bot_thread(PLATFORM, channel, root_id):
+            kind = MessageKind.FOLLOWUP
+        else:
+            return 0
+        if self._mention_re is not None:
+            text = self._mention_re.sub("", text).strip()
+        message = IncomingMessage(
+            platform=PLATFORM,
+            event_id=post_id,
+            channel=channel,
+            user=user,
+            text=text,
+            kind=kind,
+            thread_id=root_id or post_id,
+            message_id=post_id,
+        )
+        if not self._allowed(message):
+            if kind is not MessageKind.FOLLOWUP:
+                self._spawn(self._refuse(message), f"mattermost-refuse-{post_id}")
+            return 0
+        self._dispatch(message)
+        return 1
+
+    def _allowed(self, message: IncomingMessage) -> bool:
+        s = self.settings
+        return (not s.allowed_channels or message.channel in s.allowed_channels) and (
+            not s.allowed_users or message.user in s.allowed_users
+        )
+
+    async def _refuse(self, message: IncomingMessage) -> None:
+        if not await self.store.claim_event(PLATFORM, message.event_id):
+            return
+        where = "this channel" if message.channel not in self.settings.allowed_channels else "you"
+        text = (
+            f":no_entry: opsbot is not enabled for {where} "
+            "(see the `allowed_channels` / `allowed_users` settings)."
+        )
+        await self.send_notice(message, text, ephemeral=True)
+
+    def _dispatch(self, message: IncomingMessage) -> None:
+        self._spawn(self._run_handler(message), f"mattermost-{message.kind.value}-{message.event_id}")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("mattermost task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _run_handler(self, message: IncomingMessage) -> None:
+        assert self._handler is not None
+        await self._handler(message)
+
+    # -- replies ------------------------------------------------------------------------------
+    def pending_post_id(self) -> str:
+        """A fresh ``pending_post_id`` (``user_id:ms``): the server's create de-duplication key."""
+        return f"{self.bot_user_id}:{int(time.time() * 1000)}{uuid.uuid4().hex[:8]}"
+
+    def feedback_props(self, answer: FinalAnswer) -> dict[str, Any] | None:
+        """Post props with 👍 / 👎 interactive buttons, or ``None`` when buttons cannot work."""
+        s = self.settings
+        if not answer.feedback or not s.public_url or s.action_secret is None:
+            return None
+        secret = s.action_secret.get_secret_value()
+        url = s.public_url.rstrip("/") + ACTIONS_PATH
+
+        def button(action_id: str, name: str, value: int) -> dict[str, Any]:
+            context = {
+                "action": "feedback",
+                "request_id": answer.request_id,
+                "value": value,
+                "sig": feedback_signature(secret, answer.request_id, value),
+            }
+            return {
+                "id": action_id,
+                "name": name,
+                "type": "button",
+                "integration": {"url": url, "context": context},
+            }
+
+        actions = [button("feedbackup", "👍", 1), button("feedbackdown", "👎", -1)]
+        return {"attachments": [{"text": "", "actions": actions}]}
+
+    async def open_reply(self, message: IncomingMessage) -> ReplyStream:
+        """Post the placeholder in the message's thread (started at the message when top-level)."""
+        root = message.thread_id or message.message_id
+        if not root:
+            raise ReplyDeliveryError(f"no thread to answer {message.event_id} in")
+        reply = MattermostReply(self, message, root)
+        await reply.start()
+        return reply
+
+    async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
+        """Help, status and refusals: in the command's response when it can still carry it, then
+        to its ``response_url``; ephemeral posts elsewhere (a thread post if that is refused)."""
+        waiter = message.extra.get("notice_future")
+        if isinstance(waiter, asyncio.Future) and not waiter.done():
+            waiter.set_result(text)
+            return
+        try:
+            response_url = message.extra.get("response_url")
+            if isinstance(response_url, str) and response_url:
+                kind = "ephemeral" if ephemeral else "in_channel"
+                await self.rest.command_response(response_url, {"response_type": kind, "text": text})
+                return
+            root = message.thread_id or message.message_id or ""
+            if ephemeral:
+                try:
+                    await self.rest.create_ephemeral(message.user, message.channel, text, root)
+                    return
+                except MattermostAPIError as exc:
+                    if exc.status not in (401, 403):
+                        raise
+                    logger.info("ephemeral posts not allowed (%s); answering in the thread", exc)
+            await self.rest.create_post(
+                message.channel, text, root_id=root, pending_post_id=self.pending_post_id()
+            )
+        except MattermostAPIError as exc:
+            REPLIES_FAILED.labels(platform=PLATFORM).inc()
+            logger.error("mattermost notice for %s not delivered: %s", message.event_id, exc)
+
+    async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
+        """Post ``text`` (Markdown) to ``channel``, in ``thread_id`` when given; the thread's id."""
+        chunks = _split(text, self.max_post_size)
+        root = thread_id or ""
+        first = ""
+        for chunk in chunks:
+            async with self.pacer.turn(channel):
+                post = await self.rest.create_post(
+                    channel, chunk, root_id=root, pending_post_id=self.pending_post_id()
+                )
+            first = first or str(post["id"])
+            root = root or first
+        return thread_id or first
+
+    # -- HTTP: slash command and button actions ------------------------------------------------
+    def http_routes(self) -> list[web.RouteDef]:
+        """``POST /mattermost/command`` (``/rca``) and ``POST /mattermost/actions`` (buttons)."""
+        return [web.post(COMMAND_PATH, self._on_command), web.post(ACTIONS_PATH, self._on_action)]
+
+    async def _on_command(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        expected = self.settings.slash_command_token
+        token = str(form.get("token", ""))
+        if expected is None or not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
+            logger.warning("mattermost slash command with a bad token from %s refused", request.remote)
+            return web.json_response({"error": "invalid slash command token"}, status=401)
+        if self._handler is None:
+            return _ephemeral(":hourglass: opsbot is starting; try again in a moment.")
+        text = str(form.get("text", "")).strip()
+        trigger = str(form.get("trigger_id", "")) or uuid.uuid4().hex
+        message = IncomingMessage(
+            platform=PLATFORM,
+            event_id="cmd:" + hashlib.sha256(trigger.encode()).hexdigest()[:32],
+            channel=str(form.get("channel_id", "")),
+            user=str(form.get("user_id", "")),
+            user_name=str(form.get("user_name", "")) or None,
+            team=str(form.get("team_id", "")) or None,
+            text=text,
+            kind=MessageKind.COMMAND,
+            extra={"response_url": str(form.get("response_url", ""))},
+        )
+        if not self._allowed(message):
+            return _ephemeral(":no_entry: opsbot is not enabled for this channel or user.")
+        word = text.lower()
+        if word in ("", "help", "-h", "--help", "status"):
+            # Short answers ride on the command's own response when they come quickly.
+            waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            message.extra["notice_future"] = waiter
+            self._dispatch(message)
+            try:
+                answer = await asyncio.wait_for(asyncio.shield(waiter), self.settings.slash_command_wait_s)
+                return _ephemeral(answer)
+            except TimeoutError:
+                waiter.cancel()  # send_notice now goes to the response_url
+                return _ephemeral(":hourglass: Working on it…")
+        self._spawn(self._command_thread(message), f"mattermost-command-{message.event_id}")
+        return _ephemeral(
+            ":mag: Looking into it — the answer will be in a thread under your request in this channel."
+        )
+
+    async def _command_thread(self, message: IncomingMessage) -> None:
+        """Post the channel message quoting the request, then answer in its thread."""
+        asker = f"@{message.user_name}" if message.user_name else "someone"
+        quote = "\n".join(f"> {line}" for line in f"/rca {message.text}".splitlines())
+        try:
+            async with self.pacer.turn(message.channel):
+                post = await self.rest.create_post(
+                    message.channel, f"{asker} asked:\n{quote}", pending_post_id=self.pending_post_id()
+                )
+        except MattermostAPIError as exc:
+            REPLIES_FAILED.labels(platform=PLATFORM).inc()
+            logger.error("mattermost /rca %s: cannot start the thread: %s", message.event_id, exc)
+            with contextlib.suppress(MattermostAPIError):
+                await self.rest.command_response(
+                    str(message.extra["response_url"]),
+                    {
+                        "response_type": "ephemeral",
+                        "text": f":warning: Could not post in this channel: {exc.message}",
+                    },
+                )
+            return
+        message.thread_id = message.message_id = str(post["id"])
+        self._seen[message.thread_id] = None
+        await self._run_handler(message)
+
+    async def _on_action(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "expected a JSON action request"}, status=400)
+        context = body.get("context") if isinstance(body, dict) else None
+        secret = self.settings.action_secret
+        if not isinstance(context, dict) or secret is None:
+            return web.json_response({"error": "invalid action"}, status=401)
+        request_id = str(context.get("request_id", ""))
+        value = context.get("value")
+        sig = str(context.get("sig", ""))
+        if (
+            value not in (1, -1)
+            or not request_id
+            or not hmac.compare_digest(
+                sig, feedback_signature(secret.get_secret_value(), request_id, int(value))
+            )
+        ):
+            logger.warning("mattermost action with a bad signature from %s refused", request.remote)
+            return web.json_response({"error": "invalid action signature"}, status=401)
+        user = str(body.get("user_id", "")) or None
+        await self.store.record_feedback(request_id, PLATFORM, user, int(value))
+        logger.info("feedback %+d on request %s from %s", value, request_id, user)
+        thanks = "👍" if value == 1 else "👎"
+        return web.json_response({"ephemeral_text": f"Thanks, your {thanks} was recorded."})
+
+
+def _ephemeral(text: str) -> web.Response:
+    return web.json_response({"response_type": "ephemeral", "text": text})
+
+
+def _split(text: str, limit: int) -> list[str]:
+    from bot.adapters.streaming import split_text
+
+    return split_text(text, limit)

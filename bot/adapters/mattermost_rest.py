@@ -1,0 +1,276 @@
+"""Mattermost REST API v4 over aiohttp, with retries (429 / 5xx / connection errors).
+
+mattermostdriver's REST client makes blocking ``requests`` calls, which would stall the event
+loop that streams every answer; this client speaks the same endpoints asynchronously. Errors
+carry the server's error body (``id``, ``message``, ``request_id``, ``status_code``).
+
+Retries: 429 waits ``Retry-After`` (else ``X-Ratelimit-Reset``) and never less; 5xx and
+connection errors back off exponentially with full jitter. ``POST /posts`` is retried safely
+because every create carries a ``pending_post_id``: the server answers a repeated create with
+the post it already made instead of a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+import logging
+import random
+import ssl
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from bot.config import MattermostSettings
+from bot.metrics import CHAT_API_RETRIES
+
+logger = logging.getLogger(__name__)
+
+PLATFORM = "mattermost"
+DEFAULT_MAX_POST_SIZE = 16383
+"""Runes a post may hold on servers since 5.0 (``PostMessageMaxRunesV2``)."""
+
+
+class MattermostAPIError(Exception):
+    """A REST call failed for good: an error status after retries, or one not worth retrying."""
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        status: int | None,
+        message: str,
+        *,
+        error_id: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.status = status
+        self.error_id = error_id
+        self.request_id = request_id
+        self.message = message
+        super().__init__(
+            f"{method} {path}: {status if status is not None else 'no response'} "
+            f"{error_id or ''} {message} (request_id={request_id or '-'})".replace("  ", " ")
+        )
+
+
+def ssl_context(verify: bool) -> ssl.SSLContext | bool:
+    """Verified TLS (system CAs) unless ``verify`` is false (then no certificate checks at all)."""
+    if verify:
+        return ssl.create_default_context()
+    return False
+
+
+def _metric_path(path: str) -> str:
+    """``/posts/abc/patch`` -> ``/posts/{id}/patch``: bounded label values."""
+    parts = [p if not (len(p) == 26 and p.isalnum()) else "{id}" for p in path.split("/")]
+    return "/".join(parts)
+
+
+class MattermostRest:
+    """Async REST v4 client bound to one bot token."""
+
+    def __init__(self, settings: MattermostSettings, *, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.base_url = f"{settings.scheme}://{settings.url}:{settings.port}{settings.basepath.rstrip('/')}"
+        self.server_url = f"{settings.scheme}://{settings.url}:{settings.port}"
+        self._token = settings.token.get_secret_value() if settings.token else ""
+        self._session: aiohttp.ClientSession | None = None
+        self._rng = rng or random.Random()
+
+    async def start(self) -> None:
+        """Open the HTTP session."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl_context(self.settings.verify_tls)),
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
+                headers={"Authorization": f"Bearer {self._token}", "X-Requested-With": "XMLHttpRequest"},
+            )
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session (after :meth:`start`)."""
+        if self._session is None:
+            raise RuntimeError("MattermostRest.start() was not called")
+        return self._session
+
+    def backoff(self, attempt: int) -> float:
+        """Full-jitter exponential backoff for retry ``attempt`` (0-based)."""
+        cap = min(self.settings.retry_max_s, self.settings.retry_initial_s * (2**attempt))
+        return self._rng.uniform(cap / 2, cap)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        url: str | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """Call ``method path`` (relative to the API base, or ``url``); return the decoded JSON.
+
+        Retries 429 (after ``Retry-After``), 5xx and connection errors up to ``max_retries``
+        times; raises :class:`MattermostAPIError` when it gives up or on any other error status.
+        """
+        target = url or f"{self.base_url}{path}"
+        label = f"{method} {_metric_path(path)}"
+        max_retries = self.settings.max_retries if retries is None else retries
+        attempt = 0
+        while True:
+            delay: float
+            try:
+                async with self.session.request(method, target, json=json, params=params) as resp:
+                    raw = await resp.read()
+                    if resp.status < 400:
+                        if not raw or resp.content_type != "application/json":
+                            return None
+                        return await resp.json()
+                    error = _api_error(method, path, resp, raw)
+                    if resp.status == 429:
+                        reason, wait = "429", _retry_after(resp.headers)
+                        # The server's wait is honoured, never shortened; jitter only adds to it.
+                        delay = self.backoff(attempt) if wait is None else wait + self._rng.uniform(0, 0.1)
+                    elif resp.status >= 500:
+                        reason, delay = "5xx", self.backoff(attempt)
+                    else:
+                        raise error
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+                error = MattermostAPIError(method, path, None, f"{type(exc).__name__}: {exc}")
+                reason, delay = "connection", self.backoff(attempt)
+            if attempt >= max_retries:
+                raise error
+            attempt += 1
+            CHAT_API_RETRIES.labels(platform=PLATFORM, method=label, reason=reason).inc()
+            logger.info(
+                "mattermost %s retry %d/%d in %.2f s (%s; request_id=%s)",
+                label,
+                attempt,
+                max_retries,
+                delay,
+                reason,
+                error.request_id,
+            )
+            await asyncio.sleep(delay)
+
+    # -- endpoints ------------------------------------------------------------------------------
+    async def me(self) -> dict[str, Any]:
+        """``GET /users/me``: the bot account."""
+        result: dict[str, Any] = await self.request("GET", "/users/me")
+        return result
+
+    async def my_teams(self) -> list[dict[str, Any]]:
+        """``GET /users/me/teams``."""
+        result: list[dict[str, Any]] = await self.request("GET", "/users/me/teams")
+        return result
+
+    async def my_channels(self, team_id: str) -> list[dict[str, Any]]:
+        """``GET /users/me/teams/{team_id}/channels`` (DMs and group messages included)."""
+        result: list[dict[str, Any]] = await self.request("GET", f"/users/me/teams/{team_id}/channels")
+        return result
+
+    async def get_channel(self, channel_id: str) -> dict[str, Any]:
+        """``GET /channels/{channel_id}``."""
+        result: dict[str, Any] = await self.request("GET", f"/channels/{channel_id}")
+        return result
+
+    async def posts_since(self, channel_id: str, since_ms: int) -> list[dict[str, Any]]:
+        """``GET /channels/{id}/posts?since=``: posts created or changed after ``since_ms``, oldest first."""
+        body = await self.request("GET", f"/channels/{channel_id}/posts", params={"since": str(since_ms)})
+        posts: dict[str, dict[str, Any]] = (body or {}).get("posts") or {}
+        return sorted(posts.values(), key=lambda p: int(p.get("create_at", 0)))
+
+    async def client_config(self) -> dict[str, Any]:
+        """``GET /config/client?format=old`` (string values)."""
+        result: dict[str, Any] = await self.request(
+            "GET", "/config/client", params={"format": "old"}, retries=1
+        )
+        return result
+
+    async def create_post(
+        self,
+        channel_id: str,
+        message: str,
+        *,
+        root_id: str = "",
+        props: dict[str, Any] | None = None,
+        pending_post_id: str,
+    ) -> dict[str, Any]:
+        """``POST /posts``; ``pending_post_id`` makes retries idempotent on the server."""
+        body: dict[str, Any] = {
+            "channel_id": channel_id,
+            "message": message,
+            "root_id": root_id,
+            "pending_post_id": pending_post_id,
+        }
+        if props:
+            body["props"] = props
+        result: dict[str, Any] = await self.request("POST", "/posts", json=body)
+        return result
+
+    async def patch_post(
+        self, post_id: str, message: str, props: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``PUT /posts/{id}/patch`` (message, and props when given)."""
+        body: dict[str, Any] = {"message": message}
+        if props is not None:
+            body["props"] = props
+        result: dict[str, Any] = await self.request("PUT", f"/posts/{post_id}/patch", json=body)
+        return result
+
+    async def create_ephemeral(self, user_id: str, channel_id: str, message: str, root_id: str = "") -> None:
+        """``POST /posts/ephemeral``: a post only ``user_id`` sees."""
+        post = {"channel_id": channel_id, "message": message, "root_id": root_id}
+        await self.request("POST", "/posts/ephemeral", json={"user_id": user_id, "post": post})
+
+    async def command_response(self, response_url: str, body: dict[str, Any]) -> None:
+        """POST a slash command's delayed response to its ``response_url``."""
+        await self.request("POST", "/hooks/commands", json=body, url=response_url)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            return None
+    reset = headers.get("X-Ratelimit-Reset")  # seconds until the bucket refills
+    if reset:
+        try:
+            return max(0.0, float(reset))
+        except ValueError:
+            return None
+    return None
+
+
+def _api_error(method: str, path: str, resp: aiohttp.ClientResponse, raw: bytes) -> MattermostAPIError:
+    request_id = resp.headers.get("X-Request-Id")
+    error_id: str | None = None
+    message = raw.decode("utf-8", "replace").strip()[:300]
+    if resp.content_type == "application/json":
+        try:
+            body = jsonlib.loads(raw)
+            if isinstance(body, dict):
+                error_id = body.get("id")
+                message = str(body.get("message", message))
+                request_id = body.get("request_id") or request_id
+        except ValueError:
+            pass
+    return MattermostAPIError(method, path, resp.status, message, error_id=error_id, request_id=request_id)
+
+
+def monotonic_ms() -> int:
+    """Wall-clock milliseconds (Mattermost timestamps are Unix ms)."""
+    return int(time.time() * 1000)

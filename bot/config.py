@@ -243,8 +243,23 @@ class MattermostSettings(Section):
     """Reconnect when no websocket frame arrived for this long (half-open connections)."""
     reconnect_max_s: float = Field(60.0, gt=0)
     """Longest backoff between websocket reconnects."""
+    reconnect_initial_s: float = Field(0.5, gt=0)
+    """First websocket reconnect delay (doubles, with jitter, up to ``reconnect_max_s``)."""
     max_retries: int = Field(6, ge=0)
     """Retries of a REST call on 429 / 5xx / connection errors."""
+    retry_initial_s: float = Field(0.5, gt=0)
+    """First REST retry delay for 5xx / connection errors (doubles, with jitter, up to
+    ``retry_max_s``); a 429 waits its ``Retry-After`` instead."""
+    retry_max_s: float = Field(20.0, gt=0)
+    """Longest delay between two REST retries on 5xx / connection errors."""
+    request_timeout_s: float = Field(30.0, gt=0)
+    """Deadline of one REST call (a timeout counts as a connection error and is retried)."""
+    channel_post_interval_s: float = Field(0.1, ge=0)
+    """Least seconds between two new posts to one channel (the server's default rate limit is
+    10 requests per second per user)."""
+    slash_command_wait_s: float = Field(2.0, ge=0, lt=3)
+    """``/rca help`` and ``/rca status``: seconds the command's HTTP response waits for the text so
+    it can carry it directly (later text goes to the ``response_url``)."""
 
     @model_validator(mode="after")
     def _token_when_enabled(self) -> MattermostSettings:

@@ -1,0 +1,213 @@
+"""Store behaviour on a SQLite file and on PostgreSQL: claims, threads, alerts, feedback, stats."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from store_helpers import count_rows, drained
+
+from bot.config import StoreSettings
+from bot.store import AlertThread, RequestRecord, Store
+from bot.store.models import FeedbackRow, RequestRow
+
+
+def request(request_id: str, **fields: object) -> RequestRecord:
+    values: dict[str, object] = {
+        "platform": "slack",
+        "channel": "C1",
+        "thread_id": "1700000000.000100",
+        "user": "U1",
+        "scenario": "rca",
+        "lane": "interactive",
+        "status": "ok",
+    }
+    values.update(fields)
+    return RequestRecord(request_id=request_id, **values)  # type: ignore[arg-type]
+
+
+async def test_claim_event_is_won_only_by_the_first_claim(store: Store) -> None:
+    assert await store.claim_event("slack", "Ev1") is True
+    assert await store.claim_event("slack", "Ev1") is False
+    assert await store.claim_event("mattermost", "Ev1") is True  # the key is per platform
+    assert await store.claim_event("slack", "Ev2") is True
+
+
+async def test_a_claim_is_still_refused_after_a_restart(
+    db_url: str, store_settings: StoreSettings, store: Store
+) -> None:
+    assert await store.claim_event("slack", "Ev-restart")
+    other = await Store.open(db_url, store_settings)
+    try:
+        assert await other.claim_event("slack", "Ev-restart") is False
+    finally:
+        await other.close()
+
+
+async def test_thread_history_survives_closing_and_reopening_the_store(
+    db_url: str, store_settings: StoreSettings
+) -> None:
+    first = await Store.open(db_url, store_settings)
+    await first.append_message("slack", "C1", "T1", "user", "why is api-7f crashlooping?", user="U1")
+    await first.append_message("slack", "C1", "T1", "assistant", "OOMKilled: limit 256Mi", request_id="r1")
+    await first.append_message("slack", "C1", "T2", "user", "another thread", user="U2")
+    # Buffered turns are visible at once, before they reach the database.
+    assert [m.content for m in await first.thread_history("slack", "C1", "T1")] == [
+        "why is api-7f crashlooping?",
+        "OOMKilled: limit 256Mi",
+    ]
+    await first.close()
+
+    second = await Store.open(db_url, store_settings)
+    try:
+        history = await second.thread_history("slack", "C1", "T1")
+        assert [(m.role, m.content, m.user, m.request_id) for m in history] == [
+            ("user", "why is api-7f crashlooping?", "U1", None),
+            ("assistant", "OOMKilled: limit 256Mi", None, "r1"),
+        ]
+        assert all(m.created_at.tzinfo is not None for m in history)
+        assert await second.is_bot_thread("slack", "C1", "T1") is True
+        assert await second.is_bot_thread("slack", "C1", "T2") is False  # only a user turn
+        assert await second.is_bot_thread("slack", "C1", "nope") is False
+        await second.append_message("slack", "C1", "T1", "user", "and now?", user="U1")
+        await drained(second)
+        assert [m.content for m in await second.thread_history("slack", "C1", "T1", limit=2)] == [
+            "OOMKilled: limit 256Mi",
+            "and now?",
+        ]
+    finally:
+        await second.close()
+
+
+async def test_a_second_feedback_click_replaces_the_first(db_url: str, store: Store) -> None:
+    await store.record_feedback("r1", "slack", "U1", 1)
+    await store.record_feedback("r1", "slack", "U2", 1)
+    await drained(store)
+    await store.record_feedback("r1", "slack", "U1", -1)
+    await store.record_feedback("r1", "mattermost", None, 1)
+    await drained(store)
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(select(FeedbackRow.platform, FeedbackRow.user, FeedbackRow.value))).all()
+    assert sorted(map(tuple, rows)) == [("mattermost", "", 1), ("slack", "U1", -1), ("slack", "U2", 1)]
+
+
+async def test_alert_threads_are_saved_and_a_later_save_replaces_the_status(store: Store) -> None:
+    assert await store.get_alert_thread('{}:{alertname="X"}') is None
+    thread = AlertThread('{}:{alertname="X"}', "slack", "C9", "1700000000.1", "firing")
+    await store.save_alert_thread(thread)
+    assert await store.get_alert_thread(thread.group_key) == thread  # visible while buffered
+    await drained(store)
+    assert await store.get_alert_thread(thread.group_key) == thread
+    await store.save_alert_thread(AlertThread(thread.group_key, "slack", "C9", "1700000000.1", "resolved"))
+    await drained(store)
+    found = await store.get_alert_thread(thread.group_key)
+    assert found is not None and found.status == "resolved"
+
+
+async def test_recording_the_same_request_twice_keeps_one_row_with_the_latest_values(
+    db_url: str, store: Store
+) -> None:
+    await store.record_request(request("dup", status="error", error="boom"))
+    await drained(store)
+    await store.record_request(request("dup", status="ok", ttft_ms=12.5, output_tokens=7))
+    await store.record_request(request("dup", status="ok", ttft_ms=12.5, output_tokens=8))
+    await drained(store)
+    assert await count_rows(db_url, "opsbot_requests") == 1
+    async with store.engine.connect() as conn:
+        row = (await conn.execute(select(RequestRow).where(RequestRow.request_id == "dup"))).one()
+    assert (row.status, row.error, row.ttft_ms, row.output_tokens) == ("ok", None, 12.5, 8)
+
+
+async def test_every_request_field_is_stored(store: Store) -> None:
+    created = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    record = RequestRecord(
+        request_id="full",
+        platform="mattermost",
+        channel="town-square",
+        thread_id="p1",
+        user="alice",
+        scenario="logs",
+        lane="background",
+        status="overloaded",
+        error="queue full",
+        model="tiny",
+        prompt_tokens=100,
+        cached_tokens=64,
+        output_tokens=20,
+        queue_ms=1.5,
+        context_ms=2.5,
+        ttft_ms=3.5,
+        tpot_ms=4.5,
+        e2e_ms=5.5,
+        post_ms=6.5,
+        created_at=created,
+        finished_at=created + timedelta(seconds=1),
+    )
+    await store.record_request(record)
+    await drained(store)
+    async with store.engine.connect() as conn:
+        row = (await conn.execute(select(RequestRow).where(RequestRow.request_id == "full"))).one()
+    stored = {name: getattr(row, name) for name in record.__dataclass_fields__}
+    assert RequestRecord(**stored) == record
+
+
+async def test_latency_stats_give_count_errors_and_percentiles_per_scenario_and_platform(
+    store: Store,
+) -> None:
+    now = datetime.now(UTC)
+    for i in range(1, 11):  # ttft 10..100, tpot 1..10, queue 0..9, e2e 100..1000
+        await store.record_request(
+            request(
+                f"rca-{i}",
+                ttft_ms=10.0 * i,
+                tpot_ms=float(i),
+                queue_ms=float(i - 1),
+                e2e_ms=100.0 * i,
+                created_at=now - timedelta(minutes=i),
+            )
+        )
+    await store.record_request(request("rca-err", status="error", created_at=now - timedelta(minutes=1)))
+    await store.record_request(request("rca-mm", platform="mattermost", ttft_ms=42.0, created_at=now))
+    await store.record_request(request("old", ttft_ms=1.0, created_at=now - timedelta(days=2)))
+    await drained(store)
+
+    stats = await store.latency_stats(now - timedelta(hours=1), now + timedelta(seconds=1))
+    assert [(s.scenario, s.platform, s.count, s.errors) for s in stats] == [
+        ("rca", "mattermost", 1, 0),
+        ("rca", "slack", 11, 1),
+    ]
+    slack = stats[1]
+    assert slack.by_status == {"error": 1, "ok": 10}
+    # Linear interpolation over the 10 values (the error row has none): p50 = 55, p90 = 91, p99 = 99.1.
+    assert slack.ttft_ms.p50 == pytest.approx(55.0)
+    assert slack.ttft_ms.p90 == pytest.approx(91.0)
+    assert slack.ttft_ms.p99 == pytest.approx(99.1)
+    assert slack.tpot_ms.p50 == pytest.approx(5.5)
+    assert slack.queue_ms.p90 == pytest.approx(8.1)
+    assert slack.e2e_ms.p99 == pytest.approx(991.0)
+    assert stats[0].ttft_ms.p50 == stats[0].ttft_ms.p99 == pytest.approx(42.0)
+    assert stats[0].tpot_ms.p50 is None
+
+    # ``until`` is exclusive and the window excludes older rows.
+    later = await store.latency_stats(now - timedelta(minutes=2, seconds=30), now - timedelta(seconds=1))
+    assert [(s.platform, s.count) for s in later] == [("slack", 3)]
+
+    ttft = await store.recent_ttft(now - timedelta(hours=1))
+    assert sorted(ttft) == [10.0 * i for i in range(1, 5)] + [42.0] + [10.0 * i for i in range(5, 11)]
+
+
+async def test_latency_stats_include_requests_still_in_the_buffer(store: Store) -> None:
+    now = datetime.now(UTC)
+    await store.record_request(request("fresh", ttft_ms=7.0, created_at=now))
+    # No wait: the row may not have reached the database yet, and still counts.
+    stats = await store.latency_stats(now - timedelta(minutes=1))
+    assert [(s.count, s.ttft_ms.p50) for s in stats] == [(1, 7.0)]
+    assert await store.recent_ttft(now - timedelta(minutes=1)) == [7.0]
+
+
+async def test_old_processed_events_are_pruned(store: Store) -> None:
+    assert await store.claim_event("slack", "old-event")
+    assert await store.prune_events(timedelta(days=7)) == 0
+    assert await store.prune_events(timedelta(seconds=-1)) == 1
+    assert await store.claim_event("slack", "old-event") is True  # forgotten after pruning

@@ -197,6 +197,18 @@ class SlackSettings(Section):
     """Least seconds between two new posts to one channel."""
     max_retries: int = Field(6, ge=0)
     """Retries of a Web API call on 429 / 5xx / connection errors."""
+    retry_backoff_s: float = Field(0.5, gt=0)
+    """First backoff after a 5xx or connection error (doubles per retry, with jitter, up to 30 s)."""
+    command: str = "/rca"
+    """The slash command opsbot answers (as configured in the Slack app)."""
+    events_path: str = "/slack/events"
+    """HTTP mode: path of the one Request URL for events, slash commands and interactivity."""
+    message_limit: int = Field(39_000, ge=200, le=40_000)
+    """Characters of answer text per Slack message; longer answers are split into several."""
+    socket_ping_interval_s: float = Field(10.0, gt=0)
+    """Socket Mode: seconds between websocket pings (a dead socket is replaced within ~4 pings)."""
+    drain_timeout_s: float = Field(10.0, ge=0)
+    """On stop: seconds answers in progress may still finish before they are cancelled."""
 
     @model_validator(mode="after")
     def _tokens_when_enabled(self) -> SlackSettings:
@@ -302,6 +314,12 @@ class PrometheusSettings(Section):
     """Window of range queries."""
     queries: dict[str, str] = Field(default_factory=dict)
     """Extra or overriding query templates by name (``{namespace}``, ``{pod}`` are filled in)."""
+    instant_queries: dict[str, str] = Field(default_factory=dict)
+    """Extra or overriding instant query templates by name (listed per series, not summarised);
+    placeholders as in ``queries`` (see ``bot/context/prometheus.py``)."""
+    query_units: dict[str, str] = Field(default_factory=dict)
+    """Unit of a query's values by template name (``bytes``, ``seconds``, ``ratio``, ``cores`` or any
+    word), for summaries such as ``max 512.0 MiB``."""
 
 
 class AlertmanagerSettings(Section):
@@ -428,3 +446,33 @@ def _describe(exc: ValidationError, path: Path) -> str:
         fix = f"set {loc or 'it'} in {path} or {env}"
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
     return f"config error at {loc or 'top level'}: {msg}{got_text}. Fix: {fix}{more}"
+
+
+def reference_markdown() -> str:
+    """A Markdown table of every setting: key, environment variable, default, description."""
+    rows = ["| key | environment variable | default | description |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> None:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            path = (*prefix, name)
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, path)
+                continue
+            if info.default_factory is not None:
+                default: Any = info.default_factory()  # type: ignore[call-arg]
+            else:
+                default = info.default
+            if name == "data_dir":
+                default = "$XDG_DATA_HOME/opsbot or ~/.local/share/opsbot"
+            shown = (
+                "required when enabled"
+                if default is None and "required" in (info.description or "")
+                else ("unset" if default is None else f"`{default}`")
+            )
+            doc = " ".join((info.description or "").split()).replace("|", "\\|").replace("``", "`")
+            env = ENV_PREFIX + "__".join(p.upper() for p in path)
+            rows.append(f"| `{'.'.join(path)}` | `{env}` | {shown} | {doc} |")
+
+    walk(Settings, ())
+    return "\n".join(rows)

@@ -1,0 +1,692 @@
+"""The CPU engine: a transformers causal LM on torch, decoded token by token in worker threads.
+
+Each request runs its own decode loop (prefill, then one forward per token over a KV cache) in a
+worker thread; ``max_concurrency`` workers run at once, so several requests progress together
+and none blocks the event loop or another request. Requests waiting for a worker are picked by
+lane (urgent first), then in arrival order. Deltas cross from the worker to the event loop with
+``loop.call_soon_threadsafe`` into the request's ``asyncio.Queue``.
+
+There is no batching and no prefix cache: this engine is for development, CI and small models;
+production throughput comes from the vLLM engine behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import inspect
+import itertools
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference.engine import (
+    ChatMessage,
+    Engine,
+    EngineDeadError,
+    EngineGenerateError,
+    EngineHealth,
+    EngineStartupError,
+    EngineStats,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationResult,
+    Lane,
+    RequestAbortedError,
+    SamplingSettings,
+    TextDelta,
+)
+from inference.tokenization import HFChatTokenizer
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuEngineConfig:
+    """Settings of :class:`CpuEngine` (built by the bot from ``EngineSettings``)."""
+
+    model: str
+    """Local folder or Hugging Face id of a causal LM whose tokenizer has a chat template."""
+    tokenizer: str | None = None
+    """Tokenizer folder or id when it differs from ``model``."""
+    dtype: str = "auto"
+    """``auto`` (float32: fastest and exact on most CPUs), ``float32``, ``bfloat16`` or ``float16``."""
+    threads: int | None = None
+    """torch intra-op threads (process-wide); ``None`` keeps torch's default."""
+    max_concurrency: int = 4
+    """Requests decoded at once, each in its own worker thread."""
+    revision: str | None = None
+    """Hugging Face revision (branch, tag or commit) of ``model``."""
+    trust_remote_code: bool = False
+    """Allow model code shipped with the model (only for models you trust)."""
+    request_timeout_s: float = 300.0
+    """A request decoding longer than this is aborted (``RequestAbortedError``)."""
+    seed: int = 0
+    """Seeds requests that carry no seed of their own (reproducible runs of the whole engine)."""
+    max_model_len: int | None = None
+    """Context window (prompt + answer) in tokens; ``None``: the model's ``max_position_embeddings``."""
+
+
+# Items a worker posts to a request's queue besides TextDelta / GenerationResult.
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    error: BaseException
+
+
+@dataclass(eq=False)
+class _Request:
+    """One request's shared state between its stream (event loop) and its worker thread."""
+
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TextDelta | GenerationResult | _Failure]
+    created: float
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = ""
+    started: float | None = None
+    running: bool = False
+    finished: bool = False
+    done: asyncio.Future[None] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def abort(self, reason: str) -> None:
+        """Ask the worker to stop at the next token (thread-safe)."""
+        if not self.cancel.is_set():
+            self.cancel_reason = reason
+            self.cancel.set()
+
+    def post(self, item: TextDelta | GenerationResult | _Failure) -> bool:
+        """Hand ``item`` to the event loop (from the worker); False when the loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop was closed under us: nobody is listening any more
+            self.abort("event loop closed")
+            return False
+        return True
+
+
+class CpuEngine(Engine):
+    """:class:`~inference.engine.Engine` on transformers + torch (CPU), one worker thread per request."""
+
+    backend = "cpu"
+
+    def __init__(self, config: CpuEngineConfig) -> None:
+        if config.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        if config.dtype not in _DTYPES:
+            raise ValueError(f"dtype {config.dtype!r} is not one of {', '.join(_DTYPES)}")
+        self.config = config
+        self._model: Any = None
+        self._tokenizer: HFChatTokenizer | None = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._context_len = 0
+        self._cache_kwarg = "past_key_values"
+        self._executor: ThreadPoolExecutor | None = None
+        self._state = "new"  # new | loading | ready | failed | stopping | stopped
+        self._failure = ""
+        self._lock = threading.Lock()
+        self._requests: dict[str, _Request] = {}
+        self._waiting: list[tuple[int, int, _Request]] = []  # heap: (lane rank, arrival, request)
+        self._arrivals = itertools.count()
+        self._seeds = random.Random(config.seed)
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
+        """Load tokenizer and model in a thread (the event loop keeps running), then warm up.
+
+        There is no prefix cache on CPU, so ``warmup_messages`` only prove that the chat template
+        renders them and warm the kernels with one forward pass over them.
+        """
+        if self._state != "new":
+            raise EngineStartupError(f"the CPU engine cannot start twice (it is {self._state})")
+        self._state = "loading"
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self._load, warmup_messages)
+        except EngineStartupError as exc:
+            self._state, self._failure = "failed", str(exc)
+            raise
+        except Exception as exc:
+            self._state, self._failure = "failed", f"{type(exc).__name__}: {exc}"
+            raise EngineStartupError(
+                f"loading {self.config.model!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="opsbot-cpu")
+        self._state = "ready"
+        logger.info(
+            "CPU engine ready: model=%s dtype=%s threads=%s workers=%d context=%d in %.1f s",
+            self.config.model,
+            self._model.dtype,
+            self.config.threads or "default",
+            self.config.max_concurrency,
+            self._context_len,
+            time.perf_counter() - started,
+        )
+
+    def _load(self, warmup_messages: Sequence[ChatMessage]) -> None:
+        import torch
+
+        cfg = self.config
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        model_dir = _local_dir(cfg.model, "engine.model")
+        tok_dir = _local_dir(cfg.tokenizer, "engine.tokenizer") if cfg.tokenizer else model_dir
+        if model_dir is not None and not (model_dir / "config.json").is_file():
+            raise EngineStartupError(
+                f"{model_dir} has no config.json, so it is not a transformers model folder. Fix: point "
+                "engine.model at the folder that holds config.json and the weights, or build the "
+                "offline test model with `opsbot make-test-model DIR --size tiny`"
+            )
+        if tok_dir is not None and not any((tok_dir / name).is_file() for name in _TOKENIZER_FILES):
+            raise EngineStartupError(
+                f"{tok_dir} holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}). Fix: copy the model's "
+                "tokenizer files there, or set engine.tokenizer to the folder or id that has them"
+            )
+        model_ref = str(model_dir) if model_dir is not None else cfg.model
+        tok_ref = str(tok_dir) if tok_dir is not None else (cfg.tokenizer or cfg.model)
+        hf_config = _load_config(model_ref, cfg)
+        try:
+            self._tokenizer = HFChatTokenizer(tok_ref, trust_remote_code=cfg.trust_remote_code)
+        except ValueError as exc:
+            raise EngineStartupError(
+                f"cannot load the tokenizer of {tok_ref!r}: {exc}. Fix: the folder needs a tokenizer.json "
+                "(fast tokenizer), or install the package the error names"
+            ) from exc
+        self._model = _load_model(model_ref, hf_config, cfg)
+        vocab = int(getattr(self._model.config, "vocab_size", 0) or 0)
+        if vocab and len(self._tokenizer.hf) > vocab:
+            raise EngineStartupError(
+                f"the tokenizer has {len(self._tokenizer.hf)} tokens but the model only {vocab}. Fix: use "
+                "the tokenizer that belongs to this model (engine.tokenizer)"
+            )
+        self._eos_ids = frozenset(self._collect_eos_ids())
+        # transformers 5.2x renamed forward's ``past_key_values`` to ``cache`` (the old name warns);
+        # models with their own code may still take the old one.
+        params = inspect.signature(self._model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._context_len = int(
+            cfg.max_model_len or getattr(self._model.config, "max_position_embeddings", 0) or 4096
+        )
+        # Warm-up: the first forward pays one-off allocation and kernel selection costs.
+        warmup = [self._tokenizer.hf.bos_token_id or 0]
+        if warmup_messages:
+            try:
+                warmup = self._tokenizer.render(warmup_messages)[: self._context_len]
+            except Exception as exc:
+                raise EngineStartupError(
+                    f"the chat template of {tok_ref!r} cannot render the warm-up prompt: {exc}. Fix: use "
+                    "a model whose chat template accepts system and user messages"
+                ) from exc
+        with torch.inference_mode():
+            self._model(input_ids=torch.tensor([warmup]), use_cache=False)
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        assert self._tokenizer is not None
+        candidates: list[Any] = [self._tokenizer.eos_token_id, self._model.config.eos_token_id]
+        generation_config = getattr(self._model, "generation_config", None)
+        if generation_config is not None:
+            candidates.append(generation_config.eos_token_id)
+        for value in candidates:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        return ids
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Refuse new requests, let running and waiting ones finish until the deadline, abort the rest."""
+        if self._state in ("stopping", "stopped"):
+            return
+        was = self._state
+        self._state = "stopping"
+        pending = [r.done for r in list(self._requests.values()) if r.done is not None]
+        if pending:
+            logger.info("CPU engine draining %d request(s), up to %.1f s", len(pending), drain_timeout_s)
+            _, late = await asyncio.wait(pending, timeout=max(drain_timeout_s, 0.0))
+            if late:
+                logger.warning("CPU engine aborting %d request(s) still running at shutdown", len(late))
+        for req in list(self._requests.values()):
+            self._abort_request(req, "the engine shut down")
+        if self._executor is not None:
+            # Aborted loops stop at their next token; wait for the threads so the model can go.
+            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+            self._executor = None
+        self._model = None
+        self._state = "stopped"
+        logger.info("CPU engine stopped (was %s)", was)
+
+    def health(self) -> EngineHealth:
+        """Ready only between a successful ``start`` and ``shutdown``."""
+        reasons = {
+            "new": "the CPU engine is not started",
+            "loading": f"loading model {self.config.model}",
+            "failed": f"the CPU engine failed to start: {self._failure}",
+            "stopping": "the CPU engine is shutting down",
+            "stopped": "the CPU engine is shut down",
+        }
+        if self._state == "ready":
+            return EngineHealth(ready=True)
+        return EngineHealth(ready=False, reason=reasons[self._state])
+
+    def stats(self) -> EngineStats:
+        """Running and waiting requests, in total and by lane."""
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        with self._lock:
+            for req in self._requests.values():
+                if req.finished:
+                    continue
+                bucket = running if req.running else waiting
+                bucket[req.request.lane.value] = bucket.get(req.request.lane.value, 0) + 1
+        return EngineStats(
+            backend=self.backend,
+            model=self.config.model,
+            running=sum(running.values()),
+            waiting=sum(waiting.values()),
+            running_by_lane=running,
+            waiting_by_lane=waiting,
+        )
+
+    @property
+    def tokenizer(self) -> HFChatTokenizer:
+        """The model's tokenizer (available once ``start`` has returned)."""
+        if self._tokenizer is None:
+            raise EngineDeadError("the CPU engine has no tokenizer yet: call start() first")
+        return self._tokenizer
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream ``request``: text deltas, then one :class:`GenerationResult`.
+
+        Work starts on the first ``__anext__``; ``aclose()``, dropping the iterator or cancelling
+        the task that iterates it aborts the request.
+        """
+        return _Stream(self, request, time.perf_counter())
+
+    async def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` at its next token; its stream raises :class:`RequestAbortedError`."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._abort_request(req, "aborted")
+
+    def _abort_request(self, req: _Request, reason: str) -> None:
+        # Runs on the event loop: the stream learns at once, the worker at its next token.
+        req.abort(reason)
+        if not req.finished:
+            req.queue.put_nowait(_Failure(RequestAbortedError(f"request {req.request_id} {reason}")))
+        self._forget(req)
+
+    def _submit(self, request: GenerationRequest, created: float) -> _Request:
+        if self._state != "ready":
+            if self._state in ("stopping", "stopped"):
+                raise RequestAbortedError(f"request {request.request_id}: the engine is shutting down")
+            raise EngineDeadError(self.health().reason)
+        loop = asyncio.get_running_loop()
+        req = _Request(request=request, loop=loop, queue=asyncio.Queue(), created=created)
+        req.done = loop.create_future()
+        with self._lock:
+            if request.request_id in self._requests:
+                raise EngineGenerateError(f"request id {request.request_id!r} is already running")
+            self._requests[request.request_id] = req
+            heapq.heappush(self._waiting, (_lane_rank(request.lane), next(self._arrivals), req))
+        assert self._executor is not None
+        # Each submission runs whichever waiting request ranks first, not necessarily this one.
+        future = self._executor.submit(self._work_next)
+        future.add_done_callback(_log_worker_crash)
+        return req
+
+    def _forget(self, req: _Request) -> None:
+        with self._lock:
+            req.finished = True
+            if self._requests.get(req.request_id) is req:
+                del self._requests[req.request_id]
+        if req.done is not None and not req.done.done():
+            req.done.set_result(None)
+
+    def _finished_in_worker(self, req: _Request) -> None:
+        def finish() -> None:
+            self._forget(req)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to tell
+            req.loop.call_soon_threadsafe(finish)
+
+    # --- worker thread ---------------------------------------------------------------------------
+
+    def _work_next(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                return
+            _, _, req = heapq.heappop(self._waiting)
+            req.running = True
+        try:
+            if req.cancel.is_set():
+                return
+            req.started = time.perf_counter()
+            self._decode(req)
+        except Exception as exc:
+            logger.exception("CPU engine request %s failed", req.request_id)
+            req.post(_Failure(EngineGenerateError(f"generation failed: {type(exc).__name__}: {exc}")))
+        finally:
+            self._finished_in_worker(req)
+
+    def _decode(self, req: _Request) -> None:
+        import torch
+
+        assert self._tokenizer is not None and req.started is not None
+        model, tok, request = self._model, self._tokenizer, req.request
+        sampling = request.sampling
+        if request.prompt_token_ids is not None:
+            prompt = [int(t) for t in request.prompt_token_ids]
+        else:
+            assert request.messages is not None
+            prompt = tok.render(request.messages)
+        if not prompt:
+            raise EngineGenerateError("the prompt is empty")
+        if len(prompt) >= self._context_len:
+            raise EngineGenerateError(
+                f"the prompt has {len(prompt)} tokens but the context window is {self._context_len}"
+            )
+        budget = max(0, min(sampling.max_tokens, self._context_len - len(prompt)))
+        seed = sampling.seed if sampling.seed is not None else self._next_seed()
+        generator = torch.Generator().manual_seed(seed)
+        detok = _IncrementalDetokenizer(tok.hf, sampling.stop)
+        output: list[int] = []
+        first: float | None = None
+        last = req.started
+        finish_reason = "length"
+        deadline = req.started + self.config.request_timeout_s
+        cache_kw = self._cache_kwarg
+        with torch.inference_mode():
+            seen = torch.tensor(prompt, dtype=torch.long)
+            out = model(input_ids=seen.unsqueeze(0), use_cache=True)
+            while len(output) < budget:
+                token = _sample(out.logits[0, -1], seen, sampling, generator)
+                last = time.perf_counter()
+                if first is None:
+                    first = last
+                output.append(token)
+                if token in self._eos_ids and not sampling.ignore_eos:
+                    finish_reason = "stop"
+                    break
+                delta, stopped = detok.push(token)
+                if delta and not req.post(TextDelta(delta)):
+                    return
+                if stopped:
+                    finish_reason = "stop"
+                    break
+                if req.cancel.is_set():
+                    return
+                if last > deadline:
+                    req.abort(f"timed out after {self.config.request_timeout_s:g} s")
+                    req.post(_Failure(RequestAbortedError(f"request {req.request_id} {req.cancel_reason}")))
+                    return
+                if len(output) >= budget:
+                    break
+                seen = torch.cat((seen, torch.tensor([token])))
+                cache = out["cache"] if "cache" in out else out["past_key_values"]
+                out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{cache_kw: cache})
+        tail = detok.flush()
+        if tail and not req.post(TextDelta(tail)):
+            return
+        if req.cancel.is_set():
+            return
+        n = len(output)
+        req.post(
+            GenerationResult(
+                request_id=request.request_id,
+                text=detok.text,
+                finish_reason=finish_reason,
+                prompt_tokens=len(prompt),
+                cached_tokens=0,
+                output_tokens=n,
+                queue_ms=(req.started - req.created) * 1e3,
+                ttft_ms=(first - req.created) * 1e3 if first is not None else None,
+                tpot_ms=(last - first) * 1e3 / (n - 1) if first is not None and n > 1 else None,
+                e2e_ms=(last - req.created) * 1e3,
+            )
+        )
+
+    def _next_seed(self) -> int:
+        with self._lock:
+            return self._seeds.getrandbits(63)
+
+
+class _Stream(AsyncIterator[GenerationEvent]):
+    """The async iterator ``CpuEngine.generate`` returns; closing it early aborts the request."""
+
+    def __init__(self, engine: CpuEngine, request: GenerationRequest, created: float) -> None:
+        self._engine = engine
+        self._request = request
+        self._created = created
+        self._req: _Request | None = None
+        self._closed = False
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._req is None:
+            try:
+                self._req = self._engine._submit(self._request, self._created)
+            except BaseException:
+                self._closed = True
+                raise
+        try:
+            item = await self._req.queue.get()
+        except BaseException:  # cancelled (or the loop is going away): nobody reads the rest
+            await self.aclose()
+            raise
+        if isinstance(item, TextDelta):
+            return item
+        self._closed = True
+        if isinstance(item, _Failure):
+            raise item.error
+        return item
+
+    async def aclose(self) -> None:
+        """Abort the request unless it already finished."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._req is not None:
+            self._engine._abort_request(self._req, "closed by its reader")
+
+    def __del__(self) -> None:
+        # Dropped without aclose (e.g. ``break`` out of ``async for``): stop the worker anyway.
+        req = getattr(self, "_req", None)
+        if req is not None and not getattr(self, "_closed", True):
+            req.abort("dropped by its reader")
+
+
+class _IncrementalDetokenizer:
+    """Turns token ids into text deltas without splitting multi-byte characters, and finds stops.
+
+    Decodes a short window (the last emitted token(s) plus the new ones) and emits only what the
+    new tokens added, holding back text that ends in an incomplete UTF-8 sequence (U+FFFD) and
+    the last few characters that could still become a stop string.
+    """
+
+    def __init__(self, hf_tokenizer: Any, stop: Sequence[str]) -> None:
+        self._tok = hf_tokenizer
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._stop = tuple(s for s in stop if s)
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._pending = ""  # decoded but not yet emitted (may hide the start of a stop string)
+        self.text = ""  # everything emitted: the final answer equals the concatenated deltas
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """Add ``token``; returns (text safe to emit now, whether a stop string was reached)."""
+        self._ids.append(token)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return "", False
+        self._pending += full[len(prefix) :]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return self._release()
+
+    def _release(self) -> tuple[str, bool]:
+        for stop in self._stop:
+            at = self._pending.find(stop)
+            if at >= 0:
+                return self._emit(self._pending[:at]), True
+        keep = self._hold
+        cut = len(self._pending) - keep if keep else len(self._pending)
+        delta = self._pending[: max(cut, 0)]
+        self._pending = self._pending[len(delta) :]
+        return self._emit(delta), False
+
+    def _emit(self, delta: str) -> str:
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """Whatever is still held back (also an incomplete character, as U+FFFD)."""
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
+        rest = self._pending + full[len(prefix) :]
+        self._pending = ""
+        self._prefix_offset = self._read_offset = len(self._ids)
+        for stop in self._stop:
+            if stop in rest:
+                rest = rest[: rest.find(stop)]
+        return self._emit(rest)
+
+
+def _sample(logits: Any, seen: Any, sampling: SamplingSettings, generator: Any) -> int:
+    """Next token id from the last position's logits (repetition penalty, temperature, top-p)."""
+    import torch
+
+    logits = logits.float()
+    if sampling.repetition_penalty != 1.0:
+        # HF / vLLM convention: shrink positive and grow negative scores of tokens already seen.
+        ids = torch.unique(seen)
+        scores = logits[ids]
+        penalty = sampling.repetition_penalty
+        logits[ids] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    if sampling.temperature < 1e-5:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if 0.0 < sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > sampling.top_p
+        sorted_probs[outside] = 0.0
+        token = order[torch.multinomial(sorted_probs, 1, generator=generator)]
+        return int(token)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _lane_rank(lane: Lane) -> int:
+    return lane.vllm_priority
+
+
+def _log_worker_crash(future: Future[None]) -> None:
+    exc = future.exception() if not future.cancelled() else None
+    if exc is not None:
+        logger.error("CPU engine worker crashed: %r", exc)
+
+
+def _local_dir(ref: str, key: str) -> Path | None:
+    """The folder ``ref`` names, None for a hub id; EngineStartupError for a missing folder."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise EngineStartupError(f"{key} {ref!r} is a file; it must be a model folder or a Hugging Face id")
+    # "org/name" may be a hub id; anything else that looks like a path is a missing folder.
+    looks_like_path = ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or "\\" in ref
+    if looks_like_path:
+        raise EngineStartupError(
+            f"{key} folder {ref!r} does not exist. Fix: set {key} to a folder with config.json, weights "
+            "and tokenizer, or to a Hugging Face id; `opsbot make-test-model DIR --size tiny` builds an "
+            "offline test model"
+        )
+    return None
+
+
+def _load_config(model_ref: str, cfg: CpuEngineConfig) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(
+            model_ref, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+        )
+    except OSError as exc:
+        raise EngineStartupError(
+            f"cannot load the config of {model_ref!r}: {exc}. Fix: check the Hugging Face id (and network "
+            "or HF_HOME cache), or point engine.model at a local model folder"
+        ) from exc
+    except (ValueError, KeyError) as exc:
+        model_type = _model_type(model_ref)
+        raise EngineStartupError(
+            f"transformers does not know the model type {model_type!r} of {model_ref!r} ({exc}). Fix: "
+            "upgrade transformers, or set engine.trust_remote_code=true if the model ships its own code"
+        ) from exc
+
+
+def _load_model(model_ref: str, hf_config: Any, cfg: CpuEngineConfig) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # float32 for "auto": bf16 / fp16 matmuls are slow (or missing) on most CPUs without AMX.
+    dtype = torch.float32 if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_ref,
+            config=hf_config,
+            revision=cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+            dtype=dtype,
+        )
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        model_type = getattr(hf_config, "model_type", "?")
+        architectures = ", ".join(getattr(hf_config, "architectures", None) or []) or "?"
+        raise EngineStartupError(
+            f"{model_ref!r} is a {model_type!r} model ({architectures}), which is not a causal "
+            "(decoder-only) language model transformers can run here. Fix: use a causal LM "
+            "(Llama, Mistral, Qwen, Phi, ...) with a chat template"
+        ) from exc
+    except OSError as exc:
+        raise EngineStartupError(
+            f"cannot load the weights of {model_ref!r}: {exc}. Fix: the folder needs *.safetensors (or "
+            "pytorch_model*.bin) next to config.json"
+        ) from exc
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+def _model_type(model_ref: str) -> str:
+    try:
+        raw = json.loads((Path(model_ref) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "?"
+    return str(raw.get("model_type", "?")) if isinstance(raw, dict) else "?"
+
+
+__all__ = ["CpuEngine", "CpuEngineConfig"]

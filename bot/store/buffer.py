@@ -31,6 +31,8 @@ BATCH_SIZE = 500
 """Most rows written in one transaction."""
 _DROP_LOG_INTERVAL_S = 5.0
 """During a long overflow, drops of one kind are summed into one WARNING line this often."""
+_FAILURE_LOG_INTERVAL_S = 30.0
+"""During a long outage, failed write attempts are logged at WARNING at most this often."""
 
 
 @dataclass
@@ -208,6 +210,7 @@ class WriteBuffer:
 
     async def _run(self) -> None:
         attempt = 0
+        last_warning = 0.0
         while True:
             if not self._queue:
                 self._idle.set()
@@ -235,7 +238,14 @@ class WriteBuffer:
                 metrics.STORE_WRITE_FAILURES.inc()
                 delay = self._delay(attempt)
                 attempt += 1
-                logger.warning(
+                # Every attempt at DEBUG, but at WARNING only now and then: a long outage
+                # should not flood the log with one line per retry.
+                now = time.monotonic()
+                level = logging.DEBUG
+                if attempt == 1 or now - last_warning >= _FAILURE_LOG_INTERVAL_S:
+                    level, last_warning = logging.WARNING, now
+                logger.log(
+                    level,
                     "store write of %d rows failed (attempt %d, %d rows buffered), retrying in %.2fs: %s",
                     len(batch),
                     attempt,

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
-from store_helpers import count_rows, drained
 
 from bot.config import StoreSettings
 from bot.store import AlertThread, RequestRecord, Store
 from bot.store.models import FeedbackRow, RequestRow
+from tests.store.store_helpers import count_rows, drained
 
 
 def request(request_id: str, **fields: object) -> RequestRecord:

@@ -26,7 +26,7 @@ from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline, PipelineConfig
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.store import Store
-from inference.engine import Engine
+from inference.engine import ChatMessage, Engine
 from inference.scenarios import ScenarioRegistry
 
 logger = logging.getLogger(__name__)
@@ -59,15 +59,15 @@ class OpsBot:
         self.progress(f"loading the {s.engine.backend} engine with model {model} ...")
         t0 = time.perf_counter()
         self.engine = build_engine(s, model, on_dead=self._engine_died)
-        # The tokenizer is ready before the weights, so the warm-up prompt can be rendered.
+        system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)
+        await self.engine.start(warmup_messages=[ChatMessage("system", system_prompt)])
         prompts = PromptBuilder(
             self.engine.tokenizer,
-            system_prompt=load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file),
+            system_prompt=system_prompt,
             max_model_len=s.engine.max_model_len,
             context_share=s.prompt.context_share,
             history_share=s.prompt.history_share,
         )
-        await self.engine.start(warmup_messages=prompts.system_messages())
         self.progress(f"engine ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
         self.pipeline = Pipeline(

@@ -126,6 +126,7 @@ def build_engine(
                 max_concurrency=e.cpu_max_concurrency,
                 request_timeout_s=e.request_timeout_s,
                 seed=e.seed,
+                max_model_len=e.max_model_len,
             )
         )
     logger.info("engine backend: %s", backend)

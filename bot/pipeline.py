@@ -17,12 +17,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from bot import metrics
 from bot.adapters.base import ChatAdapter, ReplyStream
 from bot.adapters.streaming import ReplyDeliveryError
 from bot.context.base import ContextBundle
-from bot.context.gatherer import ContextGatherer
 from bot.context.redact import redact
 from bot.prompts import PromptBuilder
 from bot.store import RequestRecord, Store, ThreadMessage
@@ -40,6 +40,9 @@ from inference.engine import (
     TextDelta,
 )
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, ScenarioRegistry
+
+if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
+    from bot.context.gatherer import ContextGatherer
 
 logger = logging.getLogger(__name__)
 

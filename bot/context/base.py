@@ -1,0 +1,130 @@
+"""The context seam: ``ContextProvider`` (one source of cluster facts) and the types it returns.
+
+A provider never raises into the pipeline. It returns a :class:`ProviderResult` with a status, the
+exact query it ran and the upstream error text (in the manner of HolmesGPT's
+``StructuredToolResult``); the gatherer turns that into :class:`ContextSection` s for the prompt and
+a :class:`~bot.types.SourceNote` for the answer's footer.
+
+Status tree::
+
+    ok       facts were found
+    empty    the source answered, nothing relevant
+    failed   the source answered with an error, or could not be reached
+    timeout  the source did not answer within its deadline
+    skipped  the provider had nothing to do for this question
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bot.context.entities import Entities
+from bot.types import SourceNote
+
+
+class ProviderStatus(enum.StrEnum):
+    """Outcome of one provider call (the values are those of :attr:`SourceNote.status`)."""
+
+    OK = "ok"
+    EMPTY = "empty"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+
+DropFrom = Literal["start", "end", "none"]
+
+
+@dataclass(slots=True)
+class ContextSection:
+    """One labelled block of facts for the prompt.
+
+    ``body`` is a list of lines; when the budget is short, whole lines are removed from the side
+    ``drop_from`` names (``start`` for chronological bodies such as log tails and events, so the
+    newest lines stay; ``end`` for lists ordered most relevant first; ``none``: all or nothing).
+    """
+
+    source: str
+    title: str
+    body: str
+    priority: int
+    """Lower is more relevant; the budget keeps sections in this order."""
+    unit: str = "lines"
+    """What a cut removes, for the footer (``"older events"``, ``"older log lines of api/app"``)."""
+    drop_from: DropFrom = "start"
+    """Which end of ``body`` loses lines first when the section is cut."""
+
+    def lines(self) -> list[str]:
+        """The body as lines (the units the budget cuts)."""
+        return self.body.splitlines()
+
+
+@dataclass(slots=True)
+class ContextBundle:
+    """Everything gathered for one question."""
+
+    sections: list[ContextSection]
+    notes: list[SourceNote]
+    elapsed_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRequest:
+    """What a provider is asked: the question, its scenario and the entities found in it."""
+
+    question: str
+    scenario: str
+    entities: Entities
+    alert: dict[str, Any] | None = None
+
+    def cache_key(self) -> tuple[object, ...]:
+        """Requests with equal keys get the same facts (for the gatherer's short-lived cache)."""
+        return (self.scenario, self.entities.key())
+
+
+@dataclass(slots=True)
+class ProviderResult:
+    """What one provider found, with the query and upstream error behind it."""
+
+    source: str
+    status: ProviderStatus
+    sections: list[ContextSection] = field(default_factory=list)
+    query: str = ""
+    """What was asked of the source (API paths, PromQL), for the footer and the logs."""
+    error: str | None = None
+    """Upstream error text when ``status`` is failed or timeout (or a partial failure when ok)."""
+    target: str = ""
+    """Where the source lives (a URL or kubeconfig context)."""
+    elapsed_ms: float = 0.0
+
+    @classmethod
+    def failed(cls, source: str, target: str, query: str, error: str) -> ProviderResult:
+        """A failure result."""
+        return cls(source=source, status=ProviderStatus.FAILED, query=query, error=error, target=target)
+
+
+class ContextProvider(abc.ABC):
+    """One source of cluster facts (Kubernetes, Prometheus, ...)."""
+
+    name: str = "abstract"
+    """Display name in footers and notes (``Kubernetes``, ``Prometheus``)."""
+
+    @property
+    @abc.abstractmethod
+    def target(self) -> str:
+        """Where the source lives, for error notes (a URL or a kubeconfig context)."""
+
+    @property
+    @abc.abstractmethod
+    def timeout_s(self) -> float:
+        """This provider's own deadline."""
+
+    @abc.abstractmethod
+    async def fetch(self, request: ContextRequest) -> ProviderResult:
+        """Facts for ``request``; errors are returned as a failed result, never raised."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
+        """Release connections."""

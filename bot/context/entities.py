@@ -1,0 +1,271 @@
+"""Find the Kubernetes objects a question or an alert is about.
+
+Free text is read with a few explicit forms (``namespace payments``, ``-n payments``,
+``deploy/api``, ``pod api-7f9c-x2x9q``, ``node worker-3``) plus bare names that look like
+Kubernetes object names (``api-gateway``); an alert's labels (``namespace``, ``pod``,
+``deployment``, ``service``, ``node``, ``alertname``, ...) are taken as they are. The providers
+match bare names against what they list, so a guess that names nothing costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# DNS-1123 label / subdomain, the shape of namespace, pod and workload names.
+_NAME = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_SUBDOMAIN = rf"{_NAME}(?:\.{_NAME})*"
+
+_KIND_WORDS: dict[str, str] = {
+    "namespace": "namespaces",
+    "namespaces": "namespaces",
+    "ns": "namespaces",
+    "pod": "pods",
+    "pods": "pods",
+    "po": "pods",
+    "deployment": "deployments",
+    "deployments": "deployments",
+    "deploy": "deployments",
+    "statefulset": "statefulsets",
+    "statefulsets": "statefulsets",
+    "sts": "statefulsets",
+    "service": "services",
+    "services": "services",
+    "svc": "services",
+    "node": "nodes",
+    "nodes": "nodes",
+    "no": "nodes",
+}
+_KINDS = "|".join(sorted(_KIND_WORDS, key=len, reverse=True))
+# "deploy/api", "pod/api-1", "svc/web"
+_SLASH_FORM = re.compile(rf"(?<![\w/.-])({_KINDS})/({_SUBDOMAIN})\b", re.IGNORECASE)
+# "namespace payments", "pod api-1", "the deployment api" (short forms such as "no" and "po" are
+# only trusted in the slash form: "no pods" is not a node)
+_LONG_KINDS = "|".join(sorted((k for k in _KIND_WORDS if len(k) > 3), key=len, reverse=True))
+_WORD_FORM = re.compile(rf"\b({_LONG_KINDS}|svc|sts)\s+[`'\"]?({_SUBDOMAIN})\b", re.IGNORECASE)
+# "payments namespace", "api deployment"
+_WORD_AFTER = re.compile(
+    rf"\b({_SUBDOMAIN})\s+(namespace|deployment|statefulset|service|pod|node)\b", re.IGNORECASE
+)
+_NS_FLAG = re.compile(rf"(?:^|\s)(?:-n|--namespace)[=\s]+({_NAME})\b")
+_NS_LABEL = re.compile(rf"\bnamespace\s*[=:]\s*[\"']?({_NAME})\b", re.IGNORECASE)
+# Alert names are CamelCase identifiers (KubePodCrashLooping, HighErrorRate).
+_ALERT_NAME = re.compile(r"\b([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*){1,})\b")
+_ALERT_WORD = re.compile(r"\balert(?:name)?\s*[=:]?\s*[\"']?([A-Za-z_][A-Za-z0-9_:]*)", re.IGNORECASE)
+# A pod of a Deployment: <deployment>-<replicaset hash>-<5 chars>; of a StatefulSet: <name>-<ordinal>.
+_DEPLOYMENT_POD = re.compile(rf"\b({_NAME})-([a-z0-9]{{6,10}})-([a-z0-9]{{5}})\b")
+_BARE_NAME = re.compile(r"(?<![\w/.:@=-])([a-z][a-z0-9]*(?:-[a-z0-9]+)+)(?![\w/.@=-])")
+# Words that look like object names but are ordinary hyphenated English or Kubernetes jargon.
+_NOT_NAMES = frozenset(
+    {
+        "crash-loop",
+        "crash-looping",
+        "out-of-memory",
+        "on-call",
+        "follow-up",
+        "read-only",
+        "set-up",
+        "roll-out",
+        "kube-system",
+        "t-shirt",
+        "e-mail",
+        "re-run",
+        "re-deploy",
+        "how-to",
+        "end-to-end",
+        "up-to-date",
+        "last-applied-configuration",
+    }
+)
+_ALERT_NOT_NAMES = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "OOMKilled"})
+
+_LABELS: dict[str, str] = {
+    "namespace": "namespaces",
+    "exported_namespace": "namespaces",
+    "pod": "pods",
+    "pod_name": "pods",
+    "exported_pod": "pods",
+    "deployment": "deployments",
+    "statefulset": "statefulsets",
+    "service": "services",
+    "service_name": "services",
+    "node": "nodes",
+    "kubernetes_node": "nodes",
+    "container": "containers",
+    "job_name": "jobs",
+    "alertname": "alert_names",
+}
+
+
+@dataclass(slots=True)
+class Entities:
+    """The objects a question is about; empty lists mean "not named"."""
+
+    namespaces: list[str] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)
+    deployments: list[str] = field(default_factory=list)
+    statefulsets: list[str] = field(default_factory=list)
+    services: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    alert_names: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    """Bare names that may be any workload, service or pod (``api-gateway``)."""
+
+    def is_empty(self) -> bool:
+        """True when nothing was named: the providers give a cluster overview."""
+        return not any(
+            (
+                self.namespaces,
+                self.pods,
+                self.deployments,
+                self.statefulsets,
+                self.services,
+                self.nodes,
+                self.alert_names,
+                self.names,
+                self.jobs,
+            )
+        )
+
+    def has_objects(self) -> bool:
+        """True when a workload, pod, service or node (not only a namespace) was named."""
+        return bool(
+            self.pods or self.deployments or self.statefulsets or self.services or self.nodes or self.names
+        )
+
+    def workload_names(self) -> list[str]:
+        """Every name that may match a pod's owner or prefix (deployments, statefulsets, services,
+        bare names)."""
+        return _unique([*self.deployments, *self.statefulsets, *self.services, *self.names])
+
+    def key(self) -> tuple[tuple[str, ...], ...]:
+        """Hashable form, for caches."""
+        return (
+            tuple(self.namespaces),
+            tuple(self.pods),
+            tuple(self.deployments),
+            tuple(self.statefulsets),
+            tuple(self.services),
+            tuple(self.nodes),
+            tuple(self.containers),
+            tuple(self.jobs),
+            tuple(self.alert_names),
+            tuple(self.names),
+        )
+
+    def merge(self, other: Entities) -> Entities:
+        """Both sets of names, without duplicates, ``self`` first."""
+        return Entities(
+            **{
+                f: _unique([*getattr(self, f), *getattr(other, f)])
+                for f in Entities.__dataclass_fields__  # type: ignore[attr-defined]
+            }
+        )
+
+    def add(self, kind: str, value: str) -> None:
+        """Add ``value`` to the list named ``kind`` (ignored when already there)."""
+        values: list[str] = getattr(self, kind)
+        if value and value not in values:
+            values.append(value)
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def from_text(text: str, known_namespaces: Iterable[str] = ()) -> Entities:
+    """The entities named in a free-text question."""
+    found = Entities()
+    known = {n.lower() for n in known_namespaces}
+    claimed: set[str] = set()
+    for match in _SLASH_FORM.finditer(text):
+        found.add(_KIND_WORDS[match.group(1).lower()], match.group(2).lower())
+        claimed.add(match.group(2).lower())
+    for match in _WORD_FORM.finditer(text):
+        kind, name = _KIND_WORDS[match.group(1).lower()], match.group(2).lower()
+        if name in _STOP_WORDS:
+            continue
+        found.add(kind, name)
+        claimed.add(name)
+    for match in _WORD_AFTER.finditer(text):
+        name, kind = match.group(1).lower(), _KIND_WORDS[match.group(2).lower()]
+        if name in _STOP_WORDS:
+            continue
+        found.add(kind, name)
+        claimed.add(name)
+    for regex in (_NS_FLAG, _NS_LABEL):
+        for match in regex.finditer(text):
+            found.add("namespaces", match.group(1).lower())
+            claimed.add(match.group(1).lower())
+    for match in _DEPLOYMENT_POD.finditer(text):
+        if match.group(0) not in claimed and any(c.isdigit() for c in match.group(2)):
+            found.add("pods", match.group(0))
+            claimed.add(match.group(0))
+    for match in _BARE_NAME.finditer(text):
+        name = match.group(1)
+        if name in claimed or name in _NOT_NAMES:
+            continue
+        if name in known:
+            found.add("namespaces", name)
+        else:
+            found.add("names", name)
+    for word in re.findall(r"\b[a-z][a-z0-9]*\b", text):
+        if word in known:
+            found.add("namespaces", word)
+    for match in _ALERT_WORD.finditer(text):
+        if match.group(1).lower() not in _STOP_WORDS and not match.group(1).islower():
+            found.add("alert_names", match.group(1))
+    for match in _ALERT_NAME.finditer(text):
+        name = match.group(1)
+        if name not in _ALERT_NOT_NAMES and re.search(r"[a-z][A-Z]", name):
+            found.add("alert_names", name)
+    return found
+
+
+_STOP_WORDS = frozenset(
+    {"is", "are", "the", "a", "an", "in", "on", "of", "for", "to", "and", "or", "that", "this", "it", "with"}
+)
+
+
+def from_alert(payload: Mapping[str, Any]) -> Entities:
+    """The entities of an Alertmanager webhook payload (common labels, then each alert's labels)
+    or of a single alert (a mapping with ``labels``)."""
+    found = Entities()
+    label_sets: list[Mapping[str, Any]] = []
+    for key in ("commonLabels", "groupLabels", "labels"):
+        value = payload.get(key)
+        if isinstance(value, Mapping):
+            label_sets.append(value)
+    alerts = payload.get("alerts")
+    if isinstance(alerts, list):
+        for alert in alerts:
+            if isinstance(alert, Mapping) and isinstance(alert.get("labels"), Mapping):
+                label_sets.append(alert["labels"])
+    for labels in label_sets:
+        for label, kind in _LABELS.items():
+            value = labels.get(label)
+            if isinstance(value, str) and value:
+                found.add(kind, value)
+        instance = labels.get("instance")
+        if (
+            isinstance(instance, str)
+            and instance
+            and not found.nodes
+            and labels.get("job") == "node-exporter"
+        ):
+            found.add("nodes", instance.split(":")[0])
+    return found
+
+
+def extract(
+    question: str, alert: Mapping[str, Any] | None = None, known_namespaces: Iterable[str] = ()
+) -> Entities:
+    """Entities of an alert (when given) merged with those named in the question."""
+    text_entities = from_text(question, known_namespaces)
+    if alert is None:
+        return text_entities
+    return from_alert(alert).merge(text_entities)

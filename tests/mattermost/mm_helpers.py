@@ -1,0 +1,59 @@
+"""Shared pieces of the Mattermost tests (constants, the running-bot handle, pipeline builder)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from bot.adapters.mattermost import MattermostAdapter
+from bot.pipeline import Pipeline
+from bot.prompts import PromptBuilder
+from bot.store import Store
+from inference.engine import Engine
+from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, ScenarioRegistry
+
+SLASH_TOKEN = "slash-command-token"
+ACTION_SECRET = "action-secret"
+SYSTEM_PROMPT = "You are opsbot, an incident assistant. Answer briefly."
+
+
+def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3) -> Pipeline:
+    prompts = PromptBuilder(
+        engine.tokenizer,
+        system_prompt=SYSTEM_PROMPT,
+        max_model_len=1024,
+        context_share=0.3,
+        history_share=0.2,
+    )
+    overrides = {
+        name: {"max_tokens": max_tokens} for name in (ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT)
+    }
+    return Pipeline(engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(overrides))
+
+
+@dataclass
+class Bot:
+    """One running opsbot Mattermost side: adapter, its HTTP routes, the pipeline behind it."""
+
+    adapter: MattermostAdapter
+    pipeline: Pipeline
+    runner: web.AppRunner
+    url: str
+    stopped: bool = False
+
+    @property
+    def command_url(self) -> str:
+        return self.url + "/mattermost/command"
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        await self.adapter.stop()
+        await self.pipeline.drain(10)
+        await self.runner.cleanup()
+
+
+BotFactory = Callable[..., Awaitable[Bot]]

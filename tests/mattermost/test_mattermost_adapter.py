@@ -1,0 +1,218 @@
+"""opsbot's Mattermost adapter against the fake Mattermost server, with the real pipeline and the
+CPU engine on the tiny model: mentions, DMs, /rca, follow-ups, streaming, splitting, buttons."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import sqlalchemy as sa
+from fakes.mattermost_server import FakeMattermost
+from mm_helpers import ACTION_SECRET, SLASH_TOKEN, BotFactory
+
+from bot.store import Store
+
+FOOTER_MARK = "request `"
+
+
+def answers_in(fake: FakeMattermost, root_id: str) -> list[dict[str, Any]]:
+    """Finished bot answers (footer rendered) in the thread of ``root_id``."""
+    return [p for p in fake.bot_posts() if p["root_id"] == root_id and FOOTER_MARK in p["message"]]
+
+
+def world(fake: FakeMattermost) -> tuple[str, str]:
+    alice = fake.add_user("alice")
+    channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
+    return alice, channel
+
+
+async def test_a_mention_in_a_channel_is_answered_in_a_thread_started_at_the_mention(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot()
+    post = await fake.user_posts(alice, channel, "@opsbot why is checkout failing?")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1)
+    answer = answers_in(fake, post["id"])[0]
+    assert answer["channel_id"] == channel
+    assert "s ·" in answer["message"] or " s" in answer["message"]  # timings carry units
+    actions = answer["props"]["attachments"][0]["actions"]
+    assert [a["name"] for a in actions] == ["👍", "👎"]
+    assert actions[0]["integration"]["url"] == bot.url + "/mattermost/actions"
+    # A mention inside the thread continues the same thread.
+    reply = await fake.user_posts(alice, channel, "@opsbot and now?", root_id=post["id"])
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 2)
+    assert all(p["root_id"] == post["id"] for p in fake.bot_posts())
+    assert reply["id"] != post["id"]
+
+
+async def test_a_direct_message_is_answered_in_its_thread(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    bob = fake.add_user("bob")
+    dm = fake.add_dm(bob)
+    await start_bot()
+    post = await fake.user_posts(bob, dm, "is the api healthy?")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1)
+    assert answers_in(fake, post["id"])[0]["channel_id"] == dm
+
+
+async def test_posts_by_bots_system_messages_edits_and_unmentioned_posts_are_not_answered(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    other_bot = fake.add_user("alertbot", is_bot=True)
+    fake.members[channel].add(other_bot)
+    await start_bot()
+    ignored = [
+        await fake.user_posts(other_bot, channel, "@opsbot from another bot"),
+        await fake.user_posts(alice, channel, "@opsbot joined", type="system_join_channel"),
+        await fake.user_posts(alice, channel, "just chatting, no mention"),
+    ]
+    edited = await fake.user_posts(alice, channel, "typo here")
+    await fake.user_edits(edited["id"], "@opsbot fixed the typo")
+    # A real mention afterwards proves the earlier ones were looked at and passed over.
+    probe = await fake.user_posts(alice, channel, "@opsbot ping")
+    await fake.wait_for(lambda: len(answers_in(fake, probe["id"])) == 1)
+    for post in [*ignored, edited]:
+        assert not [p for p in fake.bot_posts() if p["root_id"] == post["id"]]
+
+
+async def test_rca_help_and_status_come_back_in_the_ephemeral_command_response(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot()
+    status, body, _ = await fake.send_slash_command(
+        bot.command_url, token=SLASH_TOKEN, user_id=alice, channel_id=channel, text="help"
+    )
+    assert status == 200 and body["response_type"] == "ephemeral"
+    assert "/rca" in body["text"]
+    status, body, _ = await fake.send_slash_command(
+        bot.command_url, token=SLASH_TOKEN, user_id=alice, channel_id=channel, text="status"
+    )
+    assert status == 200 and body["response_type"] == "ephemeral"
+    assert "status" in body["text"].lower() and "TTFT" in body["text"]
+    assert not fake.bot_posts()  # nothing visible to the channel
+
+
+async def test_rca_is_acknowledged_at_once_and_answered_in_a_thread_under_a_quote_of_the_request(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot()
+    status, body, _ = await fake.send_slash_command(
+        bot.command_url, token=SLASH_TOKEN, user_id=alice, channel_id=channel, text="payments pods crashloop"
+    )
+    assert status == 200 and body["response_type"] == "ephemeral"
+    roots = lambda: [p for p in fake.bot_posts(channel) if not p["root_id"]]  # noqa: E731
+    await fake.wait_for(lambda: len(roots()) == 1 and len(answers_in(fake, roots()[0]["id"])) == 1)
+    quote = roots()[0]["message"]
+    assert "@alice" in quote and "/rca payments pods crashloop" in quote
+    rows = await _rows(bot.adapter.store, "SELECT scenario, lane FROM opsbot_requests", 1)
+    assert rows == [("root_cause", "urgent")]
+
+
+async def test_a_slash_command_with_a_bad_token_is_refused_with_401(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot()
+    status, _, _ = await fake.send_slash_command(
+        bot.command_url, token="not-the-token", user_id=alice, channel_id=channel, text="anything"
+    )
+    assert status == 401
+    assert not fake.bot_posts()
+
+
+async def test_a_thread_follow_up_without_a_mention_is_answered_after_a_restart(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    first = await start_bot()
+    post = await fake.user_posts(alice, channel, "@opsbot what changed in payments?")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1)
+    await first.stop()
+    second = await start_bot()  # a new process: only the store remembers the thread
+    followup = await fake.user_posts(alice, channel, "and the database?", root_id=post["id"])
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 2)
+    assert second.adapter.ws_connects >= 1
+    assert followup["root_id"] == post["id"]
+    # A plain reply in a thread opsbot never answered stays unanswered.
+    other = await fake.user_posts(alice, channel, "unrelated top-level post")
+    await fake.user_posts(alice, channel, "reply without mention", root_id=other["id"])
+    probe = await fake.user_posts(alice, channel, "@opsbot probe")
+    await fake.wait_for(lambda: len(answers_in(fake, probe["id"])) == 1)
+    assert not [p for p in fake.bot_posts() if p["root_id"] == other["id"]]
+
+
+async def test_streaming_edits_the_placeholder_at_most_once_per_edit_interval(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    interval = 0.3
+    await start_bot(max_tokens=48, edit_interval_s=interval)
+    post = await fake.user_posts(alice, channel, "@opsbot tell me a long story")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1, timeout=60)
+    answer = answers_in(fake, post["id"])[0]
+    patches = list(fake.calls_to("PUT", rf"/api/v4/posts/{answer['id']}/patch"))
+    assert len(patches) >= 2, "expected intermediate edits and a final one"
+    starts = [c.started for c in patches]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # Measured on the fake's own clock: the throttle keeps every gap at least the interval.
+    assert min(gaps) >= interval * 0.9, gaps
+    intermediate = [c.body["message"] for c in patches[:-1]]
+    assert all(m.endswith("▍") for m in intermediate)
+    assert FOOTER_MARK in patches[-1].body["message"]
+
+
+async def test_a_long_answer_is_split_within_the_servers_post_limit(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    fake.max_post_size = 260  # read by the adapter from GET /config/client?format=old
+    alice, channel = world(fake)
+    bot = await start_bot(max_tokens=160, edit_interval_s=0.1)
+    assert bot.adapter.max_post_size == 260
+    post = await fake.user_posts(alice, channel, "@opsbot long answer please")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1, timeout=90)
+    pieces = sorted((p for p in fake.bot_posts() if p["root_id"] == post["id"]), key=lambda p: p["create_at"])
+    assert len(pieces) >= 2
+    assert all(len(p["message"]) <= 260 for p in pieces)
+    assert FOOTER_MARK in pieces[-1]["message"] and all(FOOTER_MARK not in p["message"] for p in pieces[:-1])
+    assert "attachments" in pieces[-1]["props"]
+
+
+async def test_a_feedback_click_is_verified_and_stored_with_the_request_id(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot()
+    post = await fake.user_posts(alice, channel, "@opsbot rate me")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1)
+    answer = answers_in(fake, post["id"])[0]
+    request_id = answer["props"]["attachments"][0]["actions"][0]["integration"]["context"]["request_id"]
+    assert f"`{request_id}`" in answer["message"]
+    status, body = await fake.click_button(answer["id"], "👎", alice)
+    assert status == 200 and "ephemeral_text" in body
+    rows = await _rows(bot.adapter.store, "SELECT request_id, platform, user, value FROM opsbot_feedback", 1)
+    assert rows == [(request_id, "mattermost", alice, -1)]
+    # A forged click (context edited to flip the vote) is refused and not stored.
+    action = answer["props"]["attachments"][0]["actions"][1]
+    action["integration"]["context"]["value"] = 1
+    answer["props"]["attachments"][0]["actions"] = [action]
+    status, _ = await fake.click_button(answer["id"], "👎", alice)
+    assert status == 401
+    assert ACTION_SECRET not in str(answer["props"])  # the secret itself never leaves opsbot
+    rows = await _rows(bot.adapter.store, "SELECT value FROM opsbot_feedback", 1)
+    assert rows == [(-1,)]
+
+
+async def _rows(store: Store, sql: str, expected: int, timeout: float = 15.0) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` once there are ``expected`` of them (the store writes in the background)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        async with store.engine.connect() as conn:
+            rows = [tuple(r) for r in (await conn.execute(sa.text(sql))).all()]
+        if len(rows) >= expected or asyncio.get_running_loop().time() > deadline:
+            return rows
+        await asyncio.sleep(0.05)

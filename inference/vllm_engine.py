@@ -533,6 +533,8 @@ class VllmEngine(Engine):
             (time.perf_counter() - t1) * 1e3,
             len(ids),
         )
+        self._state = "ready"
+        self._reason = ""
 
     # --- requests ------------------------------------------------------------------------------
 

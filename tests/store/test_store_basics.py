@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -10,7 +11,6 @@ from sqlalchemy import select
 from bot.config import StoreSettings
 from bot.store import AlertThread, RequestRecord, Store
 from bot.store.models import FeedbackRow, RequestRow
-from tests.store.store_helpers import count_rows, drained
 
 
 def request(request_id: str, **fields: object) -> RequestRecord:
@@ -46,7 +46,7 @@ async def test_a_claim_is_still_refused_after_a_restart(
 
 
 async def test_thread_history_survives_closing_and_reopening_the_store(
-    db_url: str, store_settings: StoreSettings
+    db_url: str, store_settings: StoreSettings, drained: Any
 ) -> None:
     first = await Store.open(db_url, store_settings)
     await first.append_message("slack", "C1", "T1", "user", "why is api-7f crashlooping?", user="U1")
@@ -80,7 +80,7 @@ async def test_thread_history_survives_closing_and_reopening_the_store(
         await second.close()
 
 
-async def test_a_second_feedback_click_replaces_the_first(db_url: str, store: Store) -> None:
+async def test_a_second_feedback_click_replaces_the_first(db_url: str, store: Store, drained: Any) -> None:
     await store.record_feedback("r1", "slack", "U1", 1)
     await store.record_feedback("r1", "slack", "U2", 1)
     await drained(store)
@@ -92,7 +92,9 @@ async def test_a_second_feedback_click_replaces_the_first(db_url: str, store: St
     assert sorted(map(tuple, rows)) == [("mattermost", "", 1), ("slack", "U1", -1), ("slack", "U2", 1)]
 
 
-async def test_alert_threads_are_saved_and_a_later_save_replaces_the_status(store: Store) -> None:
+async def test_alert_threads_are_saved_and_a_later_save_replaces_the_status(
+    store: Store, drained: Any
+) -> None:
     assert await store.get_alert_thread('{}:{alertname="X"}') is None
     thread = AlertThread('{}:{alertname="X"}', "slack", "C9", "1700000000.1", "firing")
     await store.save_alert_thread(thread)
@@ -106,7 +108,7 @@ async def test_alert_threads_are_saved_and_a_later_save_replaces_the_status(stor
 
 
 async def test_recording_the_same_request_twice_keeps_one_row_with_the_latest_values(
-    db_url: str, store: Store
+    db_url: str, store: Store, drained: Any, count_rows: Any
 ) -> None:
     await store.record_request(request("dup", status="error", error="boom"))
     await drained(store)
@@ -119,7 +121,7 @@ async def test_recording_the_same_request_twice_keeps_one_row_with_the_latest_va
     assert (row.status, row.error, row.ttft_ms, row.output_tokens) == ("ok", None, 12.5, 8)
 
 
-async def test_every_request_field_is_stored(store: Store) -> None:
+async def test_every_request_field_is_stored(store: Store, drained: Any) -> None:
     created = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
     record = RequestRecord(
         request_id="full",
@@ -153,7 +155,7 @@ async def test_every_request_field_is_stored(store: Store) -> None:
 
 
 async def test_latency_stats_give_count_errors_and_percentiles_per_scenario_and_platform(
-    store: Store,
+    store: Store, drained: Any
 ) -> None:
     now = datetime.now(UTC)
     for i in range(1, 11):  # ttft 10..100, tpot 1..10, queue 0..9, e2e 100..1000
@@ -211,3 +213,44 @@ async def test_old_processed_events_are_pruned(store: Store) -> None:
     assert await store.prune_events(timedelta(days=7)) == 0
     assert await store.prune_events(timedelta(seconds=-1)) == 1
     assert await store.claim_event("slack", "old-event") is True  # forgotten after pruning
+
+
+async def test_a_batch_written_again_after_a_lost_acknowledgement_adds_no_duplicates(
+    db_url: str, store: Store, count_rows: Any
+) -> None:
+    from bot.store.buffer import PendingClaim, PendingFeedback, PendingMessage
+
+    batch = [
+        request("acked-late"),
+        PendingMessage("slack", "C1", "T-acked", "user", "hello", "U1", None),
+        PendingFeedback("acked-late", "slack", "U1", 1),
+        PendingClaim("slack", "Ev-acked"),
+        AlertThread("group-acked", "slack", "C1", "T-acked", "firing"),
+    ]
+    # What the writer does when a commit succeeded but the connection died before it heard so.
+    await store._write_batch(batch)
+    await store._write_batch(batch)
+    for table in (
+        "opsbot_requests",
+        "opsbot_thread_messages",
+        "opsbot_threads",
+        "opsbot_feedback",
+        "opsbot_processed_events",
+        "opsbot_alert_threads",
+    ):
+        assert await count_rows(db_url, table) == 1, table
+
+
+async def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(
+    sqlite_url: str, store_settings: StoreSettings
+) -> None:
+    from sqlalchemy import text
+
+    store = await Store.open(sqlite_url, store_settings)
+    try:
+        async with store.engine.connect() as conn:
+            assert (await conn.scalar(text("PRAGMA journal_mode"))) == "wal"
+            assert (await conn.scalar(text("PRAGMA busy_timeout"))) == store_settings.busy_timeout_ms
+            assert (await conn.scalar(text("PRAGMA foreign_keys"))) == 1
+    finally:
+        await store.close()

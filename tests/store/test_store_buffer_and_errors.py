@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from bot.config import StoreSettings
 from bot.store import RequestRecord, Store, StoreError, migrate
-from tests.store.store_helpers import count_rows, drained
 
 
 def record(i: int) -> RequestRecord:
@@ -19,7 +19,11 @@ def record(i: int) -> RequestRecord:
 
 
 async def test_a_full_buffer_counts_and_logs_each_dropped_kind_and_keeps_what_fit(
-    sqlite_url: str, store_settings: StoreSettings, caplog: pytest.LogCaptureFixture
+    sqlite_url: str,
+    store_settings: StoreSettings,
+    caplog: pytest.LogCaptureFixture,
+    drained: Any,
+    count_rows: Any,
 ) -> None:
     settings = store_settings.model_copy(update={"buffer_size": 5})
     store = await Store.open(sqlite_url, settings)
@@ -45,7 +49,11 @@ async def test_a_full_buffer_counts_and_logs_each_dropped_kind_and_keeps_what_fi
 
 
 async def test_a_row_the_database_refuses_is_skipped_without_holding_back_the_others(
-    sqlite_url: str, store_settings: StoreSettings, caplog: pytest.LogCaptureFixture
+    sqlite_url: str,
+    store_settings: StoreSettings,
+    caplog: pytest.LogCaptureFixture,
+    drained: Any,
+    count_rows: Any,
 ) -> None:
     store = await Store.open(sqlite_url, store_settings)
     try:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from fakes.tcp_proxy import TcpProxy
@@ -15,7 +16,6 @@ from sqlalchemy.engine import make_url
 
 from bot.config import StoreSettings
 from bot.store import RequestRecord, Store, migrate
-from tests.store.store_helpers import count_rows, drained, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -49,7 +49,14 @@ def record(i: int) -> RequestRecord:
 
 @pytest.mark.parametrize("outage", ["refused", "reset"])
 async def test_requests_recorded_while_postgresql_is_unreachable_all_land_after_it_returns(
-    outage: str, pg_url: str, proxied_url: str, proxy: TcpProxy, store_settings: StoreSettings
+    outage: str,
+    pg_url: str,
+    proxied_url: str,
+    proxy: TcpProxy,
+    store_settings: StoreSettings,
+    drained: Any,
+    count_rows: Any,
+    wait_until: Any,
 ) -> None:
     await migrate.upgrade(pg_url, store_settings)
     store = await Store.open(proxied_url, store_settings, upgrade=False)

@@ -1,0 +1,170 @@
+"""Small helpers shared by the Slack tests: starting a whole opsbot against the fake, and readers
+over the fake Slack's record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from fakes.slack_server import FakeMessage, FakeSlack
+
+from bot.adapters.slack import SlackAdapter
+from bot.config import Settings, SlackSettings
+from bot.engine_factory import build_engine
+from bot.pipeline import Pipeline, PipelineConfig
+from bot.prompts import PromptBuilder, load_system_prompt
+from bot.store import Store
+from inference.engine import Engine
+from inference.scenarios import ScenarioRegistry
+
+SHORT = {"max_tokens": 8}
+"""Every scenario answers in a few tokens: the tests are about delivery, not content."""
+
+
+def slack_settings(fake: FakeSlack, mode: str = "socket", **overrides: Any) -> SlackSettings:
+    values: dict[str, Any] = {
+        "enabled": True,
+        "mode": mode,
+        "bot_token": fake.bot_token,
+        "app_token": fake.app_token,
+        "signing_secret": fake.signing_secret,
+        "api_base_url": fake.api_url,
+        "socket_ping_interval_s": 0.5,
+        "retry_backoff_s": 0.05,
+        "drain_timeout_s": 5.0,
+    }
+    values.update(overrides)
+    return SlackSettings(**values)
+
+
+@dataclass
+class SlackBot:
+    """One running opsbot as the tests see it."""
+
+    settings: Settings
+    store: Store
+    engine: Engine
+    pipeline: Pipeline
+    adapter: SlackAdapter
+    runner: web.AppRunner | None = None
+    port: int | None = None
+
+    @property
+    def events_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.settings.slack.events_path}"
+
+
+BotFactory = Callable[..., Awaitable[SlackBot]]
+
+
+async def start_bot(
+    fake: FakeSlack,
+    model: Path,
+    data_dir: Path,
+    *,
+    mode: str = "socket",
+    db_url: str | None = None,
+    admission: dict[str, Any] | None = None,
+    **slack_overrides: Any,
+) -> SlackBot:
+    """Store -> CPU engine -> pipeline -> Slack adapter (and its HTTP routes), as bot/app.py wires them."""
+    settings = Settings(
+        data_dir=data_dir,
+        engine={"backend": "cpu", "model": str(model), "max_model_len": 1024, "drain_timeout_s": 2},
+        store={"url": db_url or f"sqlite+aiosqlite:///{data_dir / 'opsbot.db'}"},
+        scenarios=dict.fromkeys(("chat", "root_cause", "change_review", "alert_summary"), SHORT),
+        admission=admission or {},
+        slack=slack_settings(fake, mode, **slack_overrides).model_dump(mode="python"),
+    )
+    store = await Store.open(settings.store_url, settings.store)
+    engine = build_engine(settings, str(model))
+    await engine.start()  # the CPU engine's tokenizer exists only once started
+    prompts = PromptBuilder(
+        engine.tokenizer,
+        system_prompt=load_system_prompt(None, None),
+        max_model_len=settings.engine.max_model_len,
+        context_share=settings.prompt.context_share,
+        history_share=settings.prompt.history_share,
+    )
+    pipeline = Pipeline(
+        engine=engine,
+        store=store,
+        prompts=prompts,
+        scenarios=ScenarioRegistry(settings.scenarios),
+        config=PipelineConfig(request_timeout_s=60, model_name="tiny"),
+    )
+    adapter = SlackAdapter(settings.slack, store)
+    bot = SlackBot(settings, store, engine, pipeline, adapter)
+    routes = adapter.http_routes()
+    if routes:
+        app = web.Application()
+        app.add_routes(routes)
+        bot.runner = web.AppRunner(app, access_log=None)
+        await bot.runner.setup()
+        site = web.TCPSite(bot.runner, "127.0.0.1", 0)
+        await site.start()
+        bot.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def handle(message: Any) -> None:
+        await pipeline.handle(message, adapter)
+
+    await adapter.start(handle)
+    return bot
+
+
+async def stop_bot(bot: SlackBot) -> None:
+    """Shut a bot down the way bot/app.py does: adapter, drain, HTTP, engine, store."""
+    await bot.adapter.stop()
+    await bot.pipeline.drain(2.0)
+    if bot.runner is not None:
+        await bot.runner.cleanup()
+        bot.runner = None
+    await bot.engine.shutdown(1.0)
+    await bot.store.close()
+
+
+def has_footer(msg: FakeMessage) -> bool:
+    return any(b.get("type") == "context" for b in (msg.blocks or []))
+
+
+def answers(slack: FakeSlack, channel: str | None = None) -> list[FakeMessage]:
+    """Finished answers: bot messages whose last edit (or post) carries the footer."""
+    return [m for m in slack.bot_messages(channel) if has_footer(m)]
+
+
+def feedback_action_ids(msg: FakeMessage) -> list[str]:
+    out: list[str] = []
+    for block in msg.blocks or []:
+        if block.get("type") == "actions":
+            out += [e["action_id"] for e in block["elements"]]
+    return out
+
+
+async def settled(*adapters: SlackAdapter, timeout_s: float = 30.0) -> None:
+    """Wait until no adapter has work in progress."""
+    deadline = time.monotonic() + timeout_s
+    while any(a._tasks for a in adapters):
+        if time.monotonic() > deadline:
+            raise AssertionError("adapters still busy")
+        await asyncio.sleep(0.05)
+
+
+async def request_rows(store: Any, timeout_s: float = 20.0) -> list[tuple[str, str, str]]:
+    """``(channel, thread_id, status)`` of every request row, once the write buffer is empty."""
+    from sqlalchemy import select
+
+    from bot.store.models import RequestRow
+
+    deadline = time.monotonic() + timeout_s
+    while store.buffered:
+        if time.monotonic() > deadline:
+            raise AssertionError("store buffer not flushed")
+        await asyncio.sleep(0.05)
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(select(RequestRow.channel, RequestRow.thread_id, RequestRow.status))).all()
+    return [(r[0], r[1], r[2]) for r in rows]

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from fixtures_pg import pg_url  # noqa: F401  (the root conftest may import it too)
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 

@@ -82,7 +82,7 @@ def build_parser() -> OneLineParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsbot`` console script."""
     args = build_parser().parse_args(argv)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return _dispatch(args, err)
     except KeyboardInterrupt:

@@ -42,5 +42,5 @@ def setup_logging(level: str = "INFO", *, as_json: bool = False, stream: object 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    for noisy in ("aiohttp.access", "urllib3", "httpx", "asyncio", "filelock"):
+    for noisy in ("aiohttp.access", "urllib3", "httpx", "asyncio", "filelock", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

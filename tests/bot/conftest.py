@@ -35,18 +35,26 @@ async def parts(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Parts]:
     settings = Settings(
         data_dir=tmp_path,
         engine={"backend": "cpu", "model": str(tiny_model), "max_model_len": 2048},
-        scenarios={name: {"max_tokens": 12} for name in ("chat", "root_cause", "alert_summary", "change_review")},
+        scenarios={
+            name: {"max_tokens": 12} for name in ("chat", "root_cause", "alert_summary", "change_review")
+        },
     )
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'opsbot.db'}"
     store = await Store.open(db_url, StoreSettings(retry_initial_s=0.02, retry_max_s=0.2))
     engine = build_engine(settings, str(tiny_model))
     await engine.start([ChatMessage("system", DEFAULT_SYSTEM_PROMPT)])
     prompts = PromptBuilder(
-        engine.tokenizer, system_prompt=DEFAULT_SYSTEM_PROMPT, max_model_len=2048, context_share=0.4,
+        engine.tokenizer,
+        system_prompt=DEFAULT_SYSTEM_PROMPT,
+        max_model_len=2048,
+        context_share=0.4,
         history_share=0.2,
     )
     pipeline = Pipeline(
-        engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(settings.scenarios),
+        engine=engine,
+        store=store,
+        prompts=prompts,
+        scenarios=ScenarioRegistry(settings.scenarios),
         config=PipelineConfig(request_timeout_s=60, model_name="tiny"),
     )
     out = io.StringIO()

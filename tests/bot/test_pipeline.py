@@ -14,7 +14,6 @@ from bot.types import IncomingMessage, MessageKind
 from inference.engine import Lane
 
 
-
 async def rows(store: Store) -> list:
     stats = await store.latency_stats(datetime.now(UTC) - timedelta(hours=1))
     return stats
@@ -56,7 +55,9 @@ async def test_a_follow_up_sees_the_thread_history(parts: Any) -> None:
 async def test_the_same_event_delivered_twice_is_answered_once(parts: Any) -> None:
     message = parts.adapter.to_message("hello?")
     twin = IncomingMessage(**{f: getattr(message, f) for f in message.__slots__})  # type: ignore[attr-defined]
-    await asyncio.gather(parts.pipeline.handle(message, parts.adapter), parts.pipeline.handle(twin, parts.adapter))
+    await asyncio.gather(
+        parts.pipeline.handle(message, parts.adapter), parts.pipeline.handle(twin, parts.adapter)
+    )
     assert parts.out.getvalue().count("first token") == 1
 
 

@@ -42,8 +42,13 @@ def bundle(*bodies: str) -> ContextBundle:
 def test_every_prompt_starts_with_the_same_system_prompt_tokens(tokenizer: HFChatTokenizer) -> None:
     b = builder(tokenizer)
     prefix = tokenizer.render(b.system_messages(), add_generation_prompt=False)
-    one = b.build(scenario="root_cause", question="why is api down?", asker="alice",
-                  context=bundle("pod api-1 CrashLoopBackOff"), max_tokens=128)
+    one = b.build(
+        scenario="root_cause",
+        question="why is api down?",
+        asker="alice",
+        context=bundle("pod api-1 CrashLoopBackOff"),
+        max_tokens=128,
+    )
     two = b.build(scenario="chat", question="hello", asker="bob", max_tokens=128)
     assert one.token_ids[: len(prefix)] == prefix
     assert two.token_ids[: len(prefix)] == prefix
@@ -68,8 +73,9 @@ def test_history_is_trimmed_oldest_first_to_its_budget(tokenizer: HFChatTokenize
         ThreadMessage("user" if i % 2 == 0 else "assistant", f"turn {i} " + "word " * 60, "u", now, None)
         for i in range(40)
     ]
-    plan = builder(tokenizer).build(scenario="chat", question="and now?", asker="u", history=history,
-                                    max_tokens=64)
+    plan = builder(tokenizer).build(
+        scenario="chat", question="and now?", asker="u", history=history, max_tokens=64
+    )
     assert 0 < plan.history_turns < len(history)
     kept = "\n".join(m.content for m in plan.messages[1:-1])
     assert "turn 39" in kept and "turn 0 " not in kept
@@ -78,8 +84,9 @@ def test_history_is_trimmed_oldest_first_to_its_budget(tokenizer: HFChatTokenize
 
 def test_an_oversized_question_is_truncated_so_the_answer_still_fits(tokenizer: HFChatTokenizer) -> None:
     question = "log line with many words " * 2000
-    plan = builder(tokenizer, max_model_len=1024).build(scenario="chat", question=question, asker=None,
-                                                         max_tokens=256)
+    plan = builder(tokenizer, max_model_len=1024).build(
+        scenario="chat", question=question, asker=None, max_tokens=256
+    )
     assert plan.prompt_tokens <= 1024 - 256
     assert "truncated" in plan.messages[-1].content
 

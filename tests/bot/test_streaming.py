@@ -93,7 +93,10 @@ def test_footer_names_sources_failures_left_out_and_timings_with_units() -> None
     answer = FinalAnswer(
         request_id="r",
         text="t",
-        sources=[SourceNote("kubernetes", "ok"), SourceNote("prometheus", "timeout", "after 2 s at http://p")],
+        sources=[
+            SourceNote("kubernetes", "ok"),
+            SourceNote("prometheus", "timeout", "after 2 s at http://p"),
+        ],
         left_out=["40 older events"],
         ttft_ms=120.0,
         total_ms=2500.0,

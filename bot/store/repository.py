@@ -14,7 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Table, and_, delete, func, or_, select, text
@@ -195,13 +195,13 @@ class Store:
 
     async def _prune_forever(self) -> None:
         while True:
-            await asyncio.sleep(_PRUNE_INTERVAL_S)
             try:
                 pruned = await self.prune_events()
             except Exception as error:
                 logger.warning("pruning processed events failed: %s", describe_cause(error))
             else:
                 logger.debug("pruned %d processed events", pruned)
+            await asyncio.sleep(_PRUNE_INTERVAL_S)
 
     # -- buffered writes -------------------------------------------------------------------
     async def record_request(self, record: RequestRecord) -> None:
@@ -435,12 +435,14 @@ class Store:
             return int(await conn.scalar(select(func.count()).select_from(_REQUESTS)) or 0)
 
     def _pending_requests(self, since: datetime, until: datetime | None) -> list[RequestRecord]:
+        since = _aware(since)
+        until = None if until is None else _aware(until)
         return [
             row
             for row in self._buffer.pending()
             if isinstance(row, RequestRecord)
-            and row.created_at >= since
-            and (until is None or row.created_at < until)
+            and _aware(row.created_at) >= since
+            and (until is None or _aware(row.created_at) < until)
         ]
 
     # -- helpers ---------------------------------------------------------------------------
@@ -543,3 +545,8 @@ class Store:
                 for m in messages
             ],
         )
+
+
+def _aware(moment: datetime) -> datetime:
+    """Naive datetimes are taken as UTC (as the database columns take them)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment

@@ -206,6 +206,8 @@ async def test_latency_stats_include_requests_still_in_the_buffer(store: Store) 
     stats = await store.latency_stats(now - timedelta(minutes=1))
     assert [(s.count, s.ttft_ms.p50) for s in stats] == [(1, 7.0)]
     assert await store.recent_ttft(now - timedelta(minutes=1)) == [7.0]
+    naive_since = (now - timedelta(minutes=1)).replace(tzinfo=None)  # naive datetimes are read as UTC
+    assert [s.count for s in await store.latency_stats(naive_since)] == [1]
 
 
 async def test_old_processed_events_are_pruned(store: Store) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bot.adapters.base import ChatAdapter
+from bot.adapters.base import ChatAdapter, MessageHandler
 from bot.config import Settings
 from bot.context.alertmanager import AlertmanagerReceiver
 from bot.context.gatherer import ContextGatherer
@@ -26,10 +26,14 @@ from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline, PipelineConfig
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.store import Store
+from bot.types import IncomingMessage
 from inference.engine import ChatMessage, Engine
 from inference.scenarios import ScenarioRegistry
 
 logger = logging.getLogger(__name__)
+
+EXIT_ENGINE_DEAD = 70
+"""Exit status when the engine died for good (EX_SOFTWARE), so a supervisor restarts the pod."""
 
 ProgressFn = Callable[[str], None]
 
@@ -58,7 +62,7 @@ class OpsBot:
         model = resolve_model(s, progress=self.progress)
         self.progress(f"loading the {s.engine.backend} engine with model {model} ...")
         t0 = time.perf_counter()
-        self.engine = build_engine(s, model, on_dead=self._engine_died)
+        self.engine = build_engine(s, model, on_fatal=self._engine_fatal)
         system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)
         await self.engine.start(warmup_messages=[ChatMessage("system", system_prompt)])
         prompts = PromptBuilder(
@@ -107,12 +111,11 @@ class OpsBot:
         by_platform = {a.platform: a for a in adapters}
         return AlertmanagerReceiver(self.settings, self.store, self.pipeline.handle, by_platform)
 
-    def _engine_died(self, reason: str, fatal: bool) -> None:
-        """Engine callback: a fatal death (no restart left, or ``on_dead=exit``) stops the process."""
-        logger.error("engine died: %s (%s)", reason, "exiting" if fatal else "restarting")
-        if fatal:
-            self.exit_code = 3
-            self._stop.set()
+    def _engine_fatal(self, reason: str) -> None:
+        """The engine died for good (no restart left, or ``on_dead=exit``): exit non-zero."""
+        logger.error("engine died and will not be restarted (%s): shutting down", reason)
+        self.exit_code = EXIT_ENGINE_DEAD
+        self._stop.set()
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (signal handlers call this)."""
@@ -144,8 +147,8 @@ class OpsBot:
             await self.store.close()
 
 
-def _handler_for(pipeline: Pipeline, adapter: ChatAdapter) -> Callable[..., object]:
-    async def handle(message: object) -> None:
-        await pipeline.handle(message, adapter)  # type: ignore[arg-type]
+def _handler_for(pipeline: Pipeline, adapter: ChatAdapter) -> MessageHandler:
+    async def handle(message: IncomingMessage) -> None:
+        await pipeline.handle(message, adapter)
 
     return handle

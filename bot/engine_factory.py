@@ -75,10 +75,17 @@ def _export_queues(queued: Mapping[Lane, int], in_flight: Mapping[Lane, int]) ->
         metrics.LANE_IN_FLIGHT.labels(lane.value).set(in_flight.get(lane, 0))
 
 
-def build_engine(
-    settings: Settings, model: str, *, on_dead: Callable[[str, bool], None] | None = None
-) -> Engine:
-    """The configured engine for ``model``, behind lane admission control (not yet started)."""
+def _engine_died(reason: str) -> None:
+    metrics.ENGINE_READY.set(0)
+    logger.error("engine died: %s", reason)
+
+
+def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], None] | None = None) -> Engine:
+    """The configured engine for ``model``, behind lane admission control (not yet started).
+
+    ``on_fatal(reason)`` is called when the engine died and will not be restarted
+    (``engine.on_dead = "exit"`` or no restart left): the caller should shut down non-zero.
+    """
     e = settings.engine
     backend = pick_backend(settings)
     inner: Engine
@@ -110,7 +117,8 @@ def build_engine(
                 max_restarts=e.max_restarts,
                 request_timeout_s=e.request_timeout_s,
             ),
-            on_dead=on_dead,
+            on_dead=_engine_died,
+            on_fatal=on_fatal,
         )
     else:
         from inference.cpu_engine import CpuEngine, CpuEngineConfig

@@ -21,7 +21,7 @@ from bot.adapters.base import ChatAdapter, MessageHandler
 from bot.config import Settings
 from bot.context.alertmanager import AlertmanagerReceiver
 from bot.context.gatherer import ContextGatherer
-from bot.engine_factory import build_engine, resolve_model
+from bot.engine_factory import build_engine, pick_backend, resolve_model
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline, PipelineConfig
 from bot.prompts import PromptBuilder, load_system_prompt
@@ -60,7 +60,7 @@ class OpsBot:
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
         model = resolve_model(s, progress=self.progress)
-        self.progress(f"loading the {s.engine.backend} engine with model {model} ...")
+        self.progress(f"loading the {pick_backend(s)} engine with model {model} ...")
         t0 = time.perf_counter()
         self.engine = build_engine(s, model, on_fatal=self._engine_fatal)
         system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)

@@ -97,7 +97,8 @@ class _Request:
     started: float | None = None
     running: bool = False
     finished: bool = False
-    done: asyncio.Future[None] | None = None
+    failure: EngineGenerateError | None = None
+    """Set on the event loop by an abort: the stream raises it instead of any queued text."""
 
     @property
     def request_id(self) -> str:
@@ -143,6 +144,7 @@ class CpuEngine(Engine):
         self._waiting: list[tuple[int, int, _Request]] = []  # heap: (lane rank, arrival, request)
         self._arrivals = itertools.count()
         self._seeds = random.Random(config.seed)
+        self._idle_waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     # --- life cycle ------------------------------------------------------------------------------
 
@@ -204,8 +206,8 @@ class CpuEngine(Engine):
             self._tokenizer = HFChatTokenizer(tok_ref, trust_remote_code=cfg.trust_remote_code)
         except ValueError as exc:
             raise EngineStartupError(
-                f"cannot load the tokenizer of {tok_ref!r}: {exc}. Fix: the folder needs a tokenizer.json "
-                "(fast tokenizer), or install the package the error names"
+                f"cannot load the tokenizer of {tok_ref!r}: {_sentence(exc)}. Fix: the folder needs a "
+                "tokenizer.json (fast tokenizer), or install the package the error names"
             ) from exc
         self._model = _load_model(model_ref, hf_config, cfg)
         vocab = int(getattr(self._model.config, "vocab_size", 0) or 0)
@@ -255,12 +257,22 @@ class CpuEngine(Engine):
             return
         was = self._state
         self._state = "stopping"
-        pending = [r.done for r in list(self._requests.values()) if r.done is not None]
-        if pending:
-            logger.info("CPU engine draining %d request(s), up to %.1f s", len(pending), drain_timeout_s)
-            _, late = await asyncio.wait(pending, timeout=max(drain_timeout_s, 0.0))
-            if late:
-                logger.warning("CPU engine aborting %d request(s) still running at shutdown", len(late))
+        loop = asyncio.get_running_loop()
+        idle: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            in_flight = len(self._requests)
+            if in_flight:
+                self._idle_waiter = (loop, idle)
+        if in_flight:
+            logger.info("CPU engine draining %d request(s), up to %.1f s", in_flight, drain_timeout_s)
+            try:
+                await asyncio.wait_for(idle, timeout=max(drain_timeout_s, 0.0))
+            except TimeoutError:
+                logger.warning(
+                    "CPU engine aborting %d request(s) still running at shutdown", len(self._requests)
+                )
+            finally:
+                self._idle_waiter = None
         for req in list(self._requests.values()):
             self._abort_request(req, "the engine shut down")
         if self._executor is not None:
@@ -329,8 +341,9 @@ class CpuEngine(Engine):
     def _abort_request(self, req: _Request, reason: str) -> None:
         # Runs on the event loop: the stream learns at once, the worker at its next token.
         req.abort(reason)
-        if not req.finished:
-            req.queue.put_nowait(_Failure(RequestAbortedError(f"request {req.request_id} {reason}")))
+        if not req.finished and req.failure is None:
+            req.failure = RequestAbortedError(f"request {req.request_id} {reason}")
+            req.queue.put_nowait(_Failure(req.failure))  # wakes a reader waiting for text
         self._forget(req)
 
     def _submit(self, request: GenerationRequest, created: float) -> _Request:
@@ -340,7 +353,6 @@ class CpuEngine(Engine):
             raise EngineDeadError(self.health().reason)
         loop = asyncio.get_running_loop()
         req = _Request(request=request, loop=loop, queue=asyncio.Queue(), created=created)
-        req.done = loop.create_future()
         with self._lock:
             if request.request_id in self._requests:
                 raise EngineGenerateError(f"request id {request.request_id!r} is already running")
@@ -353,19 +365,21 @@ class CpuEngine(Engine):
         return req
 
     def _forget(self, req: _Request) -> None:
+        """Drop ``req`` from the books (any thread); wakes a draining shutdown when none are left."""
         with self._lock:
             req.finished = True
             if self._requests.get(req.request_id) is req:
                 del self._requests[req.request_id]
-        if req.done is not None and not req.done.done():
-            req.done.set_result(None)
+            waiter = self._idle_waiter if not self._requests else None
+        if waiter is not None:
+            loop, idle = waiter
 
-    def _finished_in_worker(self, req: _Request) -> None:
-        def finish() -> None:
-            self._forget(req)
+            def wake() -> None:
+                if not idle.done():
+                    idle.set_result(None)
 
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to tell
-            req.loop.call_soon_threadsafe(finish)
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(wake)
 
     # --- worker thread ---------------------------------------------------------------------------
 
@@ -377,6 +391,9 @@ class CpuEngine(Engine):
             req.running = True
         try:
             if req.cancel.is_set():
+                logger.info(
+                    "CPU engine request %s dropped before it ran: %s", req.request_id, req.cancel_reason
+                )
                 return
             req.started = time.perf_counter()
             self._decode(req)
@@ -384,7 +401,7 @@ class CpuEngine(Engine):
             logger.exception("CPU engine request %s failed", req.request_id)
             req.post(_Failure(EngineGenerateError(f"generation failed: {type(exc).__name__}: {exc}")))
         finally:
-            self._finished_in_worker(req)
+            self._forget(req)
 
     def _decode(self, req: _Request) -> None:
         import torch
@@ -432,6 +449,12 @@ class CpuEngine(Engine):
                     finish_reason = "stop"
                     break
                 if req.cancel.is_set():
+                    logger.info(
+                        "CPU engine request %s stopped after %d tokens: %s",
+                        req.request_id,
+                        len(output),
+                        req.cancel_reason,
+                    )
                     return
                 if last > deadline:
                     req.abort(f"timed out after {self.config.request_timeout_s:g} s")
@@ -495,8 +518,12 @@ class _Stream(AsyncIterator[GenerationEvent]):
         except BaseException:  # cancelled (or the loop is going away): nobody reads the rest
             await self.aclose()
             raise
-        if isinstance(item, TextDelta):
+        if isinstance(item, TextDelta) and self._req.failure is None:
             return item
+        if self._req.failure is not None and not isinstance(item, GenerationResult):
+            # Aborted: text generated before the abort is dropped, the reader learns at once.
+            self._closed = True
+            raise self._req.failure
         self._closed = True
         if isinstance(item, _Failure):
             raise item.error
@@ -534,6 +561,7 @@ class _IncrementalDetokenizer:
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._pending = ""  # decoded but not yet emitted (may hide the start of a stop string)
         self.text = ""  # everything emitted: the final answer equals the concatenated deltas
+        self._stopped = False
 
     def _decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
@@ -550,10 +578,10 @@ class _IncrementalDetokenizer:
         return self._release()
 
     def _release(self) -> tuple[str, bool]:
-        for stop in self._stop:
-            at = self._pending.find(stop)
-            if at >= 0:
-                return self._emit(self._pending[:at]), True
+        at = self._first_stop(self._pending)
+        if at >= 0:
+            delta, self._pending, self._stopped = self._pending[:at], "", True
+            return self._emit(delta), True
         keep = self._hold
         cut = len(self._pending) - keep if keep else len(self._pending)
         delta = self._pending[: max(cut, 0)]
@@ -566,15 +594,19 @@ class _IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is still held back (also an incomplete character, as U+FFFD)."""
+        if self._stopped:
+            return ""
         prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full = self._decode(self._ids[self._prefix_offset :])
         rest = self._pending + full[len(prefix) :]
         self._pending = ""
         self._prefix_offset = self._read_offset = len(self._ids)
-        for stop in self._stop:
-            if stop in rest:
-                rest = rest[: rest.find(stop)]
-        return self._emit(rest)
+        at = self._first_stop(rest)
+        return self._emit(rest[:at] if at >= 0 else rest)
+
+    def _first_stop(self, text: str) -> int:
+        found = [at for at in (text.find(stop) for stop in self._stop) if at >= 0]
+        return min(found, default=-1)
 
 
 def _sample(logits: Any, seen: Any, sampling: SamplingSettings, generator: Any) -> int:
@@ -637,8 +669,8 @@ def _load_config(model_ref: str, cfg: CpuEngineConfig) -> Any:
         )
     except OSError as exc:
         raise EngineStartupError(
-            f"cannot load the config of {model_ref!r}: {exc}. Fix: check the Hugging Face id (and network "
-            "or HF_HOME cache), or point engine.model at a local model folder"
+            f"cannot load the config of {model_ref!r}: {_sentence(exc)}. Fix: check the Hugging Face id "
+            "(and network or HF_HOME cache), or point engine.model at a local model folder"
         ) from exc
     except (ValueError, KeyError) as exc:
         model_type = _model_type(model_ref)
@@ -666,19 +698,25 @@ def _load_model(model_ref: str, hf_config: Any, cfg: CpuEngineConfig) -> Any:
         if "Unrecognized configuration class" not in str(exc):
             raise
         model_type = getattr(hf_config, "model_type", "?")
-        architectures = ", ".join(getattr(hf_config, "architectures", None) or []) or "?"
+        architectures = ", ".join(getattr(hf_config, "architectures", None) or [])
+        kind = f"{model_type!r} model ({architectures})" if architectures else f"{model_type!r} model"
         raise EngineStartupError(
-            f"{model_ref!r} is a {model_type!r} model ({architectures}), which is not a causal "
+            f"{model_ref!r} is a {kind}, which is not a causal "
             "(decoder-only) language model transformers can run here. Fix: use a causal LM "
             "(Llama, Mistral, Qwen, Phi, ...) with a chat template"
         ) from exc
     except OSError as exc:
         raise EngineStartupError(
-            f"cannot load the weights of {model_ref!r}: {exc}. Fix: the folder needs *.safetensors (or "
-            "pytorch_model*.bin) next to config.json"
+            f"cannot load the weights of {model_ref!r}: {_sentence(exc)}. Fix: the folder needs weights "
+            "(*.safetensors or pytorch_model*.bin) next to config.json"
         ) from exc
     model.eval()  # type: ignore[no-untyped-call]
     return model
+
+
+def _sentence(exc: BaseException) -> str:
+    """An upstream error message on one line, without its final full stop (ours follows)."""
+    return " ".join(str(exc).split()).rstrip(". ")
 
 
 def _model_type(model_ref: str) -> str:

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# PostgreSQL: a fresh database per test (skips without a server unless CI=true).
+from fixtures_pg import pg_url  # noqa: F401  (re-exported fixture)
+
 # --- inference: offline test model -------------------------------------------------------------
 
 

@@ -131,6 +131,8 @@ class MattermostAdapter(ChatAdapter):
         self.bot_username = ""
         self.ws_connects = 0
         """Websocket sessions that reached ``hello`` (for tests and logs)."""
+        self.caught_up_posts = 0
+        """Posts handed to the pipeline from a REST catch-up rather than the websocket."""
         self._handler: MessageHandler | None = None
         self._rng = random.Random()
         self._channel_types: dict[str, str] = {}
@@ -370,6 +372,7 @@ class MattermostAdapter(ChatAdapter):
                     for post in posts:
                         if int(post.get("create_at", 0)) >= since - _CATCHUP_MARGIN_MS:
                             handled += await self._consider(post, ctype, None)
+                    self.caught_up_posts += handled
                     if handled:
                         logger.info("mattermost catch-up: %d missed posts in %s", handled, channel)
                     if generation == self._gap_generation:

@@ -37,6 +37,8 @@ import aiohttp
 from aiohttp import web
 
 MAX_POST_SIZE = 16383
+REQUEST_ID = web.RequestKey("request_id", str)
+USER_ID = web.RequestKey("user_id", str)
 
 
 def new_id() -> str:
@@ -404,7 +406,7 @@ class FakeMattermost:
     async def _middleware(self, request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
         started = time.monotonic()
         request_id = new_id()
-        request["request_id"] = request_id
+        request[REQUEST_ID] = request_id
         path = request.path
         body: Any = None
         if request.can_read_body and request.content_type == "application/json":
@@ -427,7 +429,7 @@ class FakeMattermost:
                     request_id,
                 )
             else:
-                request["user_id"] = user
+                request[USER_ID] = user
                 resp = await handler(request)
                 if fault is not None:
                     resp = self._fault_response(fault, request_id)
@@ -488,15 +490,15 @@ class FakeMattermost:
 
     # -- REST handlers --------------------------------------------------------------------------
     async def _users_me(self, request: web.Request) -> web.Response:
-        return self._json(self.users[request["user_id"]], request["request_id"])
+        return self._json(self.users[request[USER_ID]], request[REQUEST_ID])
 
     async def _get_user(self, request: web.Request) -> web.Response:
         user = self.users.get(request.match_info["user_id"])
         if user is None:
             return self._error(
-                404, "app.user.missing_account.const", "Unable to find the user.", request["request_id"]
+                404, "app.user.missing_account.const", "Unable to find the user.", request[REQUEST_ID]
             )
-        return self._json(user, request["request_id"])
+        return self._json(user, request[REQUEST_ID])
 
     async def _my_teams(self, request: web.Request) -> web.Response:
         team = {
@@ -508,33 +510,33 @@ class FakeMattermost:
             "update_at": 0,
             "delete_at": 0,
         }
-        return self._json([team], request["request_id"])
+        return self._json([team], request[REQUEST_ID])
 
     async def _my_channels(self, request: web.Request) -> web.Response:
-        me = request["user_id"]
+        me = request[USER_ID]
         # As the real server does, DMs and group messages come with every team's list.
         chans = [c for cid, c in self.channels.items() if me in self.members[cid]]
-        return self._json(chans, request["request_id"])
+        return self._json(chans, request[REQUEST_ID])
 
     async def _get_channel(self, request: web.Request) -> web.Response:
         cid = request.match_info["channel_id"]
-        if cid not in self.channels or request["user_id"] not in self.members[cid]:
+        if cid not in self.channels or request[USER_ID] not in self.members[cid]:
             return self._error(
                 403,
                 "api.context.permissions.app_error",
                 "You do not have the appropriate permissions.",
-                request["request_id"],
+                request[REQUEST_ID],
             )
-        return self._json(self.channels[cid], request["request_id"])
+        return self._json(self.channels[cid], request[REQUEST_ID])
 
     async def _channel_posts(self, request: web.Request) -> web.Response:
         cid = request.match_info["channel_id"]
-        if cid not in self.channels or request["user_id"] not in self.members[cid]:
+        if cid not in self.channels or request[USER_ID] not in self.members[cid]:
             return self._error(
                 403,
                 "api.context.permissions.app_error",
                 "You do not have the appropriate permissions.",
-                request["request_id"],
+                request[REQUEST_ID],
             )
         since = int(request.query.get("since", "0") or 0)
         posts = [p for p in self.posts.values() if p["channel_id"] == cid]
@@ -554,10 +556,10 @@ class FakeMattermost:
             "prev_post_id": "",
             "has_next": False,
         }
-        return self._json(body, request["request_id"])
+        return self._json(body, request[REQUEST_ID])
 
     async def _create_post(self, request: web.Request) -> web.Response:
-        rid = request["request_id"]
+        rid = request[REQUEST_ID]
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -575,7 +577,7 @@ class FakeMattermost:
                 "Invalid or missing channel_id in request body.",
                 rid,
             )
-        if request["user_id"] not in self.members[cid]:
+        if request[USER_ID] not in self.members[cid]:
             return self._error(
                 403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
             )
@@ -587,7 +589,7 @@ class FakeMattermost:
             # The server's duplicate-create check: the same pending_post_id returns the first post.
             return self._json(self.posts[self._pending_ids[pending]], rid, 201)
         post = self._store_post(
-            request["user_id"],
+            request[USER_ID],
             cid,
             message,
             root_id=body.get("root_id", ""),
@@ -600,27 +602,25 @@ class FakeMattermost:
         return self._json(post, rid, 201)
 
     async def _create_ephemeral(self, request: web.Request) -> web.Response:
-        rid = request["request_id"]
+        rid = request[REQUEST_ID]
         body = await request.json()
         post = dict(body.get("post", {}))
-        post.update(id=new_id(), create_at=now_ms(), user_id=request["user_id"], type="system_ephemeral")
+        post.update(id=new_id(), create_at=now_ms(), user_id=request[USER_ID], type="system_ephemeral")
         self.ephemeral.append({"user_id": body.get("user_id"), "post": post})
         return self._json(post, rid, 201)
 
     async def _get_post(self, request: web.Request) -> web.Response:
         post = self.posts.get(request.match_info["post_id"])
         if post is None:
-            return self._error(
-                404, "app.post.get.app_error", "Unable to get the post.", request["request_id"]
-            )
-        return self._json(post, request["request_id"])
+            return self._error(404, "app.post.get.app_error", "Unable to get the post.", request[REQUEST_ID])
+        return self._json(post, request[REQUEST_ID])
 
     async def _patch_post(self, request: web.Request) -> web.Response:
-        rid = request["request_id"]
+        rid = request[REQUEST_ID]
         post = self.posts.get(request.match_info["post_id"])
         if post is None:
             return self._error(404, "app.post.get.app_error", "Unable to get the post.", rid)
-        if post["user_id"] != request["user_id"]:
+        if post["user_id"] != request[USER_ID]:
             return self._error(
                 403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
             )
@@ -639,7 +639,7 @@ class FakeMattermost:
     async def _get_thread(self, request: web.Request) -> web.Response:
         posts = self.thread(request.match_info["post_id"])
         body = {"order": [p["id"] for p in posts], "posts": {p["id"]: p for p in posts}}
-        return self._json(body, request["request_id"])
+        return self._json(body, request[REQUEST_ID])
 
     async def _client_config(self, request: web.Request) -> web.Response:
         if request.query.get("format") != "old":
@@ -647,7 +647,7 @@ class FakeMattermost:
                 501,
                 "api.config.client.old_format.app_error",
                 "New format for the client configuration is not supported yet.",
-                request["request_id"],
+                request[REQUEST_ID],
             )
         config = {
             "Version": "9.11.0",
@@ -657,7 +657,7 @@ class FakeMattermost:
         }
         if self.max_post_size is not None:
             config["MaxPostSize"] = str(self.max_post_size)
-        return self._json(config, request["request_id"])
+        return self._json(config, request[REQUEST_ID])
 
     async def _command_response_url(self, request: web.Request) -> web.Response:
         hook = self._command_urls.get(request.match_info["hook_id"])

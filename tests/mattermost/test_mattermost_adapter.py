@@ -11,6 +11,7 @@ from fakes.mattermost_server import FakeMattermost
 from mm_helpers import ACTION_SECRET, SLASH_TOKEN, BotFactory
 
 from bot.store import Store
+from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
 FOOTER_MARK = "request `"
 
@@ -18,6 +19,10 @@ FOOTER_MARK = "request `"
 def answers_in(fake: FakeMattermost, root_id: str) -> list[dict[str, Any]]:
     """Finished bot answers (footer rendered) in the thread of ``root_id``."""
     return [p for p in fake.bot_posts() if p["root_id"] == root_id and FOOTER_MARK in p["message"]]
+
+
+def bot_replies(fake: FakeMattermost, root_id: str) -> list[dict[str, Any]]:
+    return [p for p in fake.bot_posts() if p["root_id"] == root_id]
 
 
 def world(fake: FakeMattermost) -> tuple[str, str]:
@@ -151,18 +156,52 @@ async def test_streaming_edits_the_placeholder_at_most_once_per_edit_interval(
 ) -> None:
     alice, channel = world(fake)
     interval = 0.3
-    await start_bot(max_tokens=48, edit_interval_s=interval)
-    post = await fake.user_posts(alice, channel, "@opsbot tell me a long story")
-    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1, timeout=60)
-    answer = answers_in(fake, post["id"])[0]
-    patches = list(fake.calls_to("PUT", rf"/api/v4/posts/{answer['id']}/patch"))
-    assert len(patches) >= 2, "expected intermediate edits and a final one"
+    bot = await start_bot(edit_interval_s=interval)
+    post = await fake.user_posts(alice, channel, "just a post to answer")
+    message = IncomingMessage(
+        platform="mattermost",
+        event_id=post["id"],
+        channel=channel,
+        user=alice,
+        text="q",
+        kind=MessageKind.MENTION,
+        thread_id=post["id"],
+        message_id=post["id"],
+    )
+    reply = await bot.adapter.open_reply(message)
+    placeholder = bot_replies(fake, post["id"])[0]
+    # Text arrives every 20 ms for about 1.5 s: far more often than edits are allowed.
+    text = ""
+    for i in range(75):
+        text += f"token{i} "
+        await reply.update(text)
+        await asyncio.sleep(0.02)
+    await reply.finish(FinalAnswer(request_id="req-1", text=text, ttft_ms=12.0, total_ms=1500.0))
+    patches = fake.calls_to("PUT", rf"/api/v4/posts/{placeholder['id']}/patch")
+    assert len(patches) >= 3, "expected intermediate edits and a final one"
+    assert len(patches) <= 1.5 / interval + 2
     starts = [c.started for c in patches]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     # Measured on the fake's own clock: the throttle keeps every gap at least the interval.
     assert min(gaps) >= interval * 0.9, gaps
-    intermediate = [c.body["message"] for c in patches[:-1]]
-    assert all(m.endswith("▍") for m in intermediate)
+    assert all(c.body["message"].endswith("▍") for c in patches[:-1])
+    final = fake.posts[placeholder["id"]]["message"]
+    assert final.startswith(text.strip()) and "first token 0.01 s" in final and "total 1.50 s" in final
+
+
+async def test_an_answer_from_the_engine_streams_into_the_placeholder_and_ends_with_the_footer(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    interval = 0.1
+    await start_bot(max_tokens=64, edit_interval_s=interval)
+    post = await fake.user_posts(alice, channel, "@opsbot tell me a long story")
+    await fake.wait_for(lambda: len(answers_in(fake, post["id"])) == 1, timeout=60)
+    answer = answers_in(fake, post["id"])[0]
+    assert len(bot_replies(fake, post["id"])) == 1  # one post, edited in place
+    patches = fake.calls_to("PUT", rf"/api/v4/posts/{answer['id']}/patch")
+    starts = [c.started for c in patches]
+    assert all(b - a >= interval * 0.9 for a, b in zip(starts, starts[1:], strict=False))
     assert FOOTER_MARK in patches[-1].body["message"]
 
 

@@ -88,7 +88,8 @@ def _format_span(text: str) -> str:
     links: list[str] = []
 
     def _link(m: re.Match[str]) -> str:
-        url = m.group(2).replace("|", "%7C").replace(">", "%3E").replace("<", "%3C")
+        # inside <...> Slack still wants & escaped; | and > would end the link early
+        url = m.group(2).replace("&", "&amp;").replace("|", "%7C").replace(">", "%3E").replace("<", "%3C")
         links.append(f"<{url}|{escape(m.group(1)).replace('|', '¦')}>")
         return f"\x00L{len(links) - 1}\x00"
 

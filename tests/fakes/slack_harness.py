@@ -70,6 +70,7 @@ async def start_bot(
     mode: str = "socket",
     db_url: str | None = None,
     admission: dict[str, Any] | None = None,
+    wrap_engine: Callable[[Engine], Engine] | None = None,
     **slack_overrides: Any,
 ) -> SlackBot:
     """Store -> CPU engine -> pipeline -> Slack adapter (and its HTTP routes), as bot/app.py wires them."""
@@ -84,6 +85,8 @@ async def start_bot(
     store = await Store.open(settings.store_url, settings.store)
     engine = build_engine(settings, str(model))
     await engine.start()  # the CPU engine's tokenizer exists only once started
+    if wrap_engine is not None:
+        engine = wrap_engine(engine)
     prompts = PromptBuilder(
         engine.tokenizer,
         system_prompt=load_system_prompt(None, None),

@@ -31,6 +31,7 @@ from aiohttp import web
 from bot.config import Settings
 from bot.context.base import ContextSection
 from bot.context.redact import redact
+from bot.store.records import AlertThread
 from bot.types import IncomingMessage, MessageKind
 
 logger = logging.getLogger(__name__)
@@ -40,23 +41,13 @@ SOURCE = "Alertmanager"
 _MAX_ALERTS_IN_TEXT = 20
 
 
-class AlertThreadLike(Protocol):
-    """What the receiver reads of a stored alert thread (``bot.store.records.AlertThread``)."""
-
-    group_key: str
-    platform: str
-    channel: str
-    thread_id: str
-    status: str
-
-
 class AlertThreadStore(Protocol):
     """The part of :class:`bot.store.Store` the receiver uses."""
 
-    async def get_alert_thread(self, group_key: str) -> Any:
+    async def get_alert_thread(self, group_key: str) -> AlertThread | None:
         """The stored thread of ``group_key`` or ``None``."""
 
-    async def save_alert_thread(self, thread: Any) -> None:
+    async def save_alert_thread(self, thread: AlertThread) -> None:
         """Insert or update a thread."""
 
 
@@ -284,8 +275,6 @@ class AlertmanagerReceiver:
     async def _for_target(
         self, payload: dict[str, Any], index: int, adapter: ChannelPoster, channel: str
     ) -> None:
-        from bot.store.records import AlertThread
-
         group_key: str = payload["groupKey"]
         key = self.thread_key(group_key, index)
         thread = await self.store.get_alert_thread(key)

@@ -46,9 +46,7 @@ _SLASH_FORM = re.compile(rf"(?<![\w/.-])({_KINDS})/({_SUBDOMAIN})\b", re.IGNOREC
 _LONG_KINDS = "|".join(sorted((k for k in _KIND_WORDS if len(k) > 3), key=len, reverse=True))
 _WORD_FORM = re.compile(rf"\b({_LONG_KINDS}|svc|sts)\s+[`'\"]?({_SUBDOMAIN})\b", re.IGNORECASE)
 # "payments namespace", "api deployment"
-_WORD_AFTER = re.compile(
-    rf"\b({_SUBDOMAIN})\s+(namespace|deployment|statefulset|service|pod|node)\b", re.IGNORECASE
-)
+_WORD_AFTER = re.compile(rf"\b({_SUBDOMAIN})\s+(namespace|deployment|statefulset|service)\b", re.IGNORECASE)
 _NS_FLAG = re.compile(rf"(?:^|\s)(?:-n|--namespace)[=\s]+({_NAME})\b")
 _NS_LABEL = re.compile(rf"\bnamespace\s*[=:]\s*[\"']?({_NAME})\b", re.IGNORECASE)
 # Alert names are CamelCase identifiers (KubePodCrashLooping, HighErrorRate).
@@ -227,7 +225,11 @@ def from_text(text: str, known_namespaces: Iterable[str] = ()) -> Entities:
 
 
 _STOP_WORDS = frozenset(
-    {"is", "are", "the", "a", "an", "in", "on", "of", "for", "to", "and", "or", "that", "this", "it", "with"}
+    {
+        *("is", "are", "was", "the", "a", "an", "in", "on", "of", "for", "to", "and", "or", "that", "this"),
+        *("it", "with", "check", "restart", "which", "what", "my", "our", "your", "new", "old", "each"),
+        *("every", "any", "failing", "broken", "slow", "whole", "same", "other", "first", "last", "from"),
+    }
 )
 
 

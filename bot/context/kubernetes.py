@@ -119,6 +119,9 @@ class KubernetesProvider(ContextProvider):
                             client_configuration=configuration,
                             persist_config=False,
                         )
+                # Required-field checks of the generated models would turn one odd object from the
+                # server (a node without nodeInfo.architecture) into a failed answer.
+                configuration.client_side_validation = False
                 self._api = client.ApiClient(configuration=configuration)
                 self._target = str(configuration.host)
             return self._api
@@ -235,16 +238,16 @@ class _Reader:
             [],
         )
         nodes_call = self._optional("nodes", self._nodes(), [])
-        deployments_call = self._optional("deployments", self._workloads("deployments"), [])
-        statefulsets_call = self._optional("statefulsets", self._workloads("statefulsets"), [])
-        replicasets_call = self._optional("replicasets", self._workloads("replicasets"), [])
+        workload_calls = (
+            [
+                self._optional(kind, self._workloads(kind), [])
+                for kind in ("deployments", "statefulsets", "replicasets")
+            ]
+            if want_workloads
+            else [_none(), _none(), _none()]
+        )
         pods, events, nodes, deployments, statefulsets, replicasets = await asyncio.gather(
-            pods_call,
-            events_call,
-            nodes_call,
-            deployments_call if want_workloads else _none(),
-            statefulsets_call if want_workloads else _none(),
-            replicasets_call if want_workloads else _none(),
+            pods_call, events_call, nodes_call, *workload_calls
         )
         focus = self._focus_pods(pods)
         unhealthy = [p for p in pods if pod_problems(p)]
@@ -258,7 +261,9 @@ class _Reader:
             sections.append(
                 ContextSection(
                     source=SOURCE,
-                    title="Pods that are not healthy" if not focus else "Pods in question",
+                    title="Pods that are not healthy"
+                    if not focus
+                    else "Pods in question first, then other pods that are not healthy",
                     body="\n".join(pod_line(p) for p in _unique_pods([*focus, *shown])[:60]),
                     priority=10,
                     unit="more pods",
@@ -277,7 +282,9 @@ class _Reader:
                     drop_from="end",
                 )
             )
-        sections.extend(await self._logs([p for p in _unique_pods([*focus, *unhealthy]) if pod_problems(p)]))
+        # Logs of the failing pods asked about; with none asked about, of the first failing pods.
+        failing_focus = [p for p in focus if pod_problems(p) or restarts(p)]
+        sections.extend(await self._logs(failing_focus if focus else unhealthy))
         event_section = self._events(events, focus)
         if event_section is not None:
             sections.append(event_section)

@@ -109,9 +109,14 @@ def is_secret_name(name: str) -> bool:
     # (tolerations, label selectors) to count.
     if last in {"key", "keys"} and len(parts) >= 2 and parts[-2] not in {"public", "primary", "sort", "hot"}:
         return True
+    # "DB_PASS", "SMTP_PASS"; bare "pass" is test-runner talk ("pass=12 fail=0").
+    if last == "pass" and len(parts) >= 2:
+        return True
     if last in _METADATA_WORDS:
         return False
     joined = "".join(parts)
+    if joined.endswith("token"):  # "accesstoken", "authToken"; not "tokenizer" nor "max_tokens"
+        return True
     if any(word in joined for word in ("password", "passwd", "secret", "credential", "apikey", "privatekey")):
         return True
     return any(p in _SECRET_WORDS for p in parts)
@@ -218,17 +223,26 @@ _RULES: list[_Rule] = [
         _named_value,
     ),
     (
-        re.compile(rf"(?<![\w.\-])(?P<name>{_NAME})\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]+)(?P=q)"),
+        re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]+)(?P=q)"),
         _named_value,
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
-    (re.compile(rf"(?<![\w.\-])(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), _named_value),
+    (re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), _named_value),
     # key: value at the start of a line (YAML, HTTP headers) or after { , ; - so prose such as
     # "failed to refresh token: context deadline exceeded" is not taken for a secret.
     (
         re.compile(
-            rf"(?m)(?:^|(?<=[{{,;]))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
+            rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
             rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+        ),
+        _named_value,
+    ),
+    # IDENTIFIER: value anywhere (DB_PASSWORD, x-api-key, apiKey, TOKEN): names shaped like code,
+    # not like prose, so "refresh token: context deadline exceeded" stays as it is.
+    (
+        re.compile(
+            r"(?<![\w.\-])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
+            rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
         ),
         _named_value,
     ),

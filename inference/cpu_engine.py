@@ -136,6 +136,9 @@ class CpuEngine(Engine):
         self._eos_ids: frozenset[int] = frozenset()
         self._context_len = 0
         self._cache_kwarg = "past_key_values"
+        self._forward_extra: dict[str, Any] = {}
+        # Fast tokenizers raise "Already borrowed" when two threads encode at once.
+        self._render_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._state = "new"  # new | loading | ready | failed | stopping | stopped
         self._failure = ""
@@ -221,6 +224,8 @@ class CpuEngine(Engine):
         # models with their own code may still take the old one.
         params = inspect.signature(self._model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # Only the last position's logits are needed: saves a prompt x vocab tensor per prefill.
+        self._forward_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._context_len = int(
             cfg.max_model_len or getattr(self._model.config, "max_position_embeddings", 0) or 4096
         )
@@ -397,6 +402,9 @@ class CpuEngine(Engine):
                 return
             req.started = time.perf_counter()
             self._decode(req)
+        except EngineGenerateError as exc:
+            logger.warning("CPU engine request %s refused: %s", req.request_id, exc)
+            req.post(_Failure(exc))
         except Exception as exc:
             logger.exception("CPU engine request %s failed", req.request_id)
             req.post(_Failure(EngineGenerateError(f"generation failed: {type(exc).__name__}: {exc}")))
@@ -413,7 +421,8 @@ class CpuEngine(Engine):
             prompt = [int(t) for t in request.prompt_token_ids]
         else:
             assert request.messages is not None
-            prompt = tok.render(request.messages)
+            with self._render_lock:
+                prompt = tok.render(request.messages)
         if not prompt:
             raise EngineGenerateError("the prompt is empty")
         if len(prompt) >= self._context_len:
@@ -429,10 +438,11 @@ class CpuEngine(Engine):
         last = req.started
         finish_reason = "length"
         deadline = req.started + self.config.request_timeout_s
-        cache_kw = self._cache_kwarg
+        cache_kw, extra = self._cache_kwarg, self._forward_extra
+        penalise = sampling.repetition_penalty != 1.0
         with torch.inference_mode():
             seen = torch.tensor(prompt, dtype=torch.long)
-            out = model(input_ids=seen.unsqueeze(0), use_cache=True)
+            out = model(input_ids=seen.unsqueeze(0), use_cache=True, **extra)
             while len(output) < budget:
                 token = _sample(out.logits[0, -1], seen, sampling, generator)
                 last = time.perf_counter()
@@ -462,9 +472,10 @@ class CpuEngine(Engine):
                     return
                 if len(output) >= budget:
                     break
-                seen = torch.cat((seen, torch.tensor([token])))
+                if penalise:
+                    seen = torch.cat((seen, torch.tensor([token])))
                 cache = out["cache"] if "cache" in out else out["past_key_values"]
-                out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{cache_kw: cache})
+                out = model(input_ids=torch.tensor([[token]]), use_cache=True, **{cache_kw: cache}, **extra)
         tail = detok.flush()
         if tail and not req.post(TextDelta(tail)):
             return

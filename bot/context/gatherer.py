@@ -127,7 +127,7 @@ class ContextGatherer:
                 source=provider.name,
                 status=ProviderStatus.TIMEOUT,
                 query="",
-                error=f"{provider.name} timed out after {wait_s:g} s at {provider.target}",
+                error=f"{provider.name} timed out after {_seconds(wait_s)} s at {provider.target}",
                 target=provider.target,
                 elapsed_ms=wait_s * 1000,
             )
@@ -140,7 +140,7 @@ class ContextGatherer:
             result = ProviderResult(
                 source=provider.name,
                 status=ProviderStatus.TIMEOUT,
-                error=f"{provider.name} timed out after {provider.timeout_s:g} s at {provider.target}",
+                error=f"{provider.name} timed out after {_seconds(provider.timeout_s)} s at {provider.target}",
                 target=provider.target,
             )
         except Exception as exc:  # a provider bug must not fail the answer
@@ -177,6 +177,10 @@ class ContextGatherer:
                 await provider.close()
             except Exception:
                 logger.warning("closing context provider %s failed", provider.name, exc_info=True)
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g}" if value >= 0.1 else f"{value:.2f}"
 
 
 def _redacted(section: ContextSection) -> ContextSection:

@@ -320,7 +320,8 @@ def corpus_cluster() -> FakeKubernetes:
     for index, item in enumerate(by_place.get("annotations", [])):
         key = item.name or f"example.com/note-{index}"
         if key in annotations:
-            key = f"{key}-{index}"
+            prefix, _, last = key.rpartition("/")
+            key = f"{prefix}/{index}-{last}"
         annotations[key] = item.secret if item.name and item.name != "example.com/notes" else item.text
     for index, text in enumerate(INJECTIONS):
         annotations[f"example.com/injection-{index}"] = text

@@ -16,6 +16,7 @@ Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)`` or ``server.d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class FakeKubernetes:
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
     _runner: web.AppRunner | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
 
     # -- faults ------------------------------------------------------------------------------
@@ -107,6 +109,7 @@ class FakeKubernetes:
 
     async def start(self) -> str:
         """Serve on a free port of 127.0.0.1; returns the base URL."""
+        self._stopping = asyncio.Event()
         self._runner = web.AppRunner(self.app())
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -116,6 +119,7 @@ class FakeKubernetes:
         return self.url
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -143,7 +147,9 @@ class FakeKubernetes:
         for pattern, fault in self.faults:
             if pattern.search(request.path):
                 if fault.delay_s:
-                    await asyncio.sleep(fault.delay_s)
+                    # Cut short by stop(), so a slow route never holds up a test's teardown.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), fault.delay_s)
                 if fault.status:
                     reason = _REASONS.get(fault.status, "InternalError")
                     return web.json_response(

@@ -25,6 +25,7 @@ import json
 import random
 import re
 import secrets
+import ssl
 import string
 import time
 import uuid
@@ -97,7 +98,15 @@ class WsConn:
 class FakeMattermost:
     """The fake server; ``async with FakeMattermost() as mm: mm.host, mm.port``."""
 
-    def __init__(self, *, bot_token: str = "bot-token", max_post_size: int | None = MAX_POST_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        bot_token: str = "bot-token",
+        max_post_size: int | None = MAX_POST_SIZE,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.ssl_context = ssl_context
+        """Serve HTTPS / WSS with this context (``None``: plain HTTP)."""
         self.team_id = new_id()
         self.users: dict[str, dict[str, Any]] = {}
         self.tokens: dict[str, str] = {}
@@ -149,7 +158,7 @@ class FakeMattermost:
         app.router.add_post("/hooks/commands/{hook_id}", self._command_response_url)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        site = web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context)
         await site.start()
         server = site._server
         assert server is not None
@@ -167,13 +176,14 @@ class FakeMattermost:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ssl_context else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def settings_kwargs(self) -> dict[str, Any]:
         """MattermostSettings fields that point a client at this fake."""
         return {
             "url": self.host,
-            "scheme": "http",
+            "scheme": "https" if self.ssl_context else "http",
             "port": self.port,
             "token": self.tokens_for(self.bot_user_id),
         }

@@ -75,7 +75,8 @@ class CpuEngineConfig:
     seed: int = 0
     """Seeds requests that carry no seed of their own (reproducible runs of the whole engine)."""
     max_model_len: int | None = None
-    """Context window (prompt + answer) in tokens; ``None``: the model's ``max_position_embeddings``."""
+    """Context window (prompt + answer) in tokens, capped at the model's ``max_position_embeddings``;
+    ``None``: that model limit."""
 
 
 # Items a worker posts to a request's queue besides TextDelta / GenerationResult.
@@ -204,6 +205,7 @@ class CpuEngine(Engine):
             )
         model_ref = str(model_dir) if model_dir is not None else cfg.model
         tok_ref = str(tok_dir) if tok_dir is not None else (cfg.tokenizer or cfg.model)
+        logger.info("CPU engine loading config and tokenizer of %s", model_ref)
         hf_config = _load_config(model_ref, cfg)
         try:
             self._tokenizer = HFChatTokenizer(tok_ref, trust_remote_code=cfg.trust_remote_code)
@@ -212,6 +214,7 @@ class CpuEngine(Engine):
                 f"cannot load the tokenizer of {tok_ref!r}: {_sentence(exc)}. Fix: the folder needs a "
                 "tokenizer.json (fast tokenizer), or install the package the error names"
             ) from exc
+        logger.info("CPU engine loading weights of %s (dtype %s)", model_ref, cfg.dtype)
         self._model = _load_model(model_ref, hf_config, cfg)
         vocab = int(getattr(self._model.config, "vocab_size", 0) or 0)
         if vocab and len(self._tokenizer.hf) > vocab:
@@ -226,9 +229,9 @@ class CpuEngine(Engine):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # Only the last position's logits are needed: saves a prompt x vocab tensor per prefill.
         self._forward_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._context_len = int(
-            cfg.max_model_len or getattr(self._model.config, "max_position_embeddings", 0) or 4096
-        )
+        positions = int(getattr(self._model.config, "max_position_embeddings", 0) or 0)
+        limits = [n for n in (cfg.max_model_len, positions) if n]
+        self._context_len = min(limits) if limits else 4096
         # Warm-up: the first forward pays one-off allocation and kernel selection costs.
         warmup = [self._tokenizer.hf.bos_token_id or 0]
         if warmup_messages:

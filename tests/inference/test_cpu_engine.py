@@ -347,6 +347,17 @@ async def test_a_request_past_its_timeout_is_aborted(tiny_model: Path) -> None:
         await engine.shutdown(drain_timeout_s=5)
 
 
+async def test_the_answer_is_cut_at_the_configured_context_window(tiny_model: Path) -> None:
+    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1, max_model_len=60))
+    await engine.start()
+    try:
+        _, result = await collect(engine.generate(make_request("window-1", max_tokens=100)))
+        assert result.prompt_tokens + result.output_tokens == 60
+        assert result.finish_reason == "length"
+    finally:
+        await engine.shutdown(drain_timeout_s=5)
+
+
 # --- life cycle ----------------------------------------------------------------------------------
 
 

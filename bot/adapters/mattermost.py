@@ -15,7 +15,8 @@ pong frames), with exponential backoff and jitter. After every (re)connect it fe
 watched channel, every post created since the last one it saw (``GET /channels/{id}/posts?since=``)
 and handles the ones not yet processed. Duplicates (a post seen live and in the catch-up, a
 second replica) are dropped by post id: locally for cheapness, and for good by the pipeline's
-``store.claim_event`` (``IncomingMessage.event_id`` is the post id).
+``store.claim_event`` (``IncomingMessage.event_id`` is the post id). The first connect also
+looks back a minute, so mentions made while opsbot restarted are answered too.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ ACTIONS_PATH = "/mattermost/actions"
 
 _SEEN_MAX = 20_000  # post ids remembered locally (the store is the durable de-duplication)
 _CATCHUP_MARGIN_MS = 2_000  # posts may be stored with a create_at slightly behind the last one seen
+_STARTUP_LOOKBACK_MS = 60_000  # a restart also answers mentions made just before it (store dedupes)
 
 
 def feedback_signature(secret: str, request_id: str, value: int) -> str:
@@ -162,7 +164,7 @@ class MattermostAdapter(ChatAdapter):
         self._started_ms = int(time.time() * 1000)
         await self._refresh_channels()
         for channel in self._channel_types:
-            self._pending_since.setdefault(channel, self._started_ms)
+            self._pending_since.setdefault(channel, self._started_ms - _STARTUP_LOOKBACK_MS)
         self._supervisor = asyncio.create_task(self._run_websocket(), name="mattermost-websocket")
         try:
             await asyncio.wait_for(self._listening.wait(), self.settings.request_timeout_s)
@@ -463,7 +465,8 @@ class MattermostAdapter(ChatAdapter):
     async def _refuse(self, message: IncomingMessage) -> None:
         if not await self.store.claim_event(PLATFORM, message.event_id):
             return
-        where = "this channel" if message.channel not in self.settings.allowed_channels else "you"
+        allowed = self.settings.allowed_channels
+        where = "this channel" if allowed and message.channel not in allowed else "you"
         text = (
             f":no_entry: opsbot is not enabled for {where} "
             "(see the `allowed_channels` / `allowed_users` settings)."

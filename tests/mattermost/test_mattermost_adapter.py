@@ -255,3 +255,35 @@ async def _rows(store: Store, sql: str, expected: int, timeout: float = 15.0) ->
         if len(rows) >= expected or asyncio.get_running_loop().time() > deadline:
             return rows
         await asyncio.sleep(0.05)
+
+
+async def test_outside_the_allow_lists_a_mention_and_rca_get_an_ephemeral_refusal_and_no_answer(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot(allowed_channels=["some-other-channel"])
+    post = await fake.user_posts(alice, channel, "@opsbot are you there?")
+    await fake.wait_for(lambda: len(fake.ephemeral) == 1)
+    refusal = fake.ephemeral[0]
+    assert refusal["user_id"] == alice and "not enabled" in refusal["post"]["message"]
+    assert refusal["post"]["root_id"] == post["id"]
+    status, body, _ = await fake.send_slash_command(
+        bot.command_url, token=SLASH_TOKEN, user_id=alice, channel_id=channel, text="why?"
+    )
+    assert status == 200 and body["response_type"] == "ephemeral" and "not enabled" in body["text"]
+    assert not fake.bot_posts()
+
+
+async def test_a_slow_rca_status_is_acked_first_and_delivered_to_the_response_url(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice, channel = world(fake)
+    bot = await start_bot(slash_command_wait_s=0)
+    status, body, _ = await fake.send_slash_command(
+        bot.command_url, token=SLASH_TOKEN, user_id=alice, channel_id=channel, text="status"
+    )
+    assert status == 200 and body["response_type"] == "ephemeral"
+    await fake.wait_for(lambda: len(fake.command_responses) == 2)
+    later = fake.command_responses[1]
+    assert later["response_type"] == "ephemeral" and "TTFT" in later["text"]
+    assert not fake.bot_posts()

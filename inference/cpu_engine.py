@@ -172,6 +172,9 @@ class CpuEngine(Engine):
             raise EngineStartupError(
                 f"loading {self.config.model!r} failed: {type(exc).__name__}: {exc}"
             ) from exc
+        if self._state != "loading":  # shutdown() was called while the model loaded
+            self._model = None
+            raise EngineStartupError("the CPU engine was shut down while it was starting")
         self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="opsbot-cpu")
         self._state = "ready"
         logger.info(

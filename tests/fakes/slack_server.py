@@ -140,6 +140,8 @@ class Envelope:
     acked_at: float | None = None
     ack_payload: dict[str, Any] | None = None
     connection: int | None = None
+    retried: bool = False
+    """A redelivery of this envelope was already sent."""
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -224,7 +226,7 @@ class FakeSlack:
         await site.start()
         server = site._server
         assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:
@@ -655,15 +657,15 @@ class FakeSlack:
 
     async def _requeue_unacked(self, conn: int) -> None:
         for env in list(self.envelopes.values()):
-            if env.connection == conn and env.acked_at is None and not getattr(env, "_retried", False):
-                env._retried = True  # type: ignore[attr-defined]
+            if env.connection == conn and env.acked_at is None and not env.retried:
+                env.retried = True
                 await self._retry(env, "timeout")
 
     async def _redeliver_if_unacked(self, env: Envelope) -> None:
         assert self.redeliver_after_s is not None
         await asyncio.sleep(self.redeliver_after_s)
-        if env.acked_at is None and not getattr(env, "_retried", False):
-            env._retried = True  # type: ignore[attr-defined]
+        if env.acked_at is None and not env.retried:
+            env.retried = True
             await self._retry(env, "timeout")
 
     async def deliver(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 from fakes.slack_harness import BotFactory, answers, request_rows, settled
-from fakes.slack_server import CHAT_METHODS, FakeSlack, FaultRule
+from fakes.slack_server import CHAT_METHODS, ApiCall, FakeSlack, FaultRule
 
 from bot.metrics import CHAT_API_RETRIES
 from inference.engine import (
@@ -54,8 +55,8 @@ class StalledEngine(Engine):
         return self.inner.tokenizer
 
 
-async def _mention_four_times(slack: FakeSlack, channel: str, text: str) -> dict[str, object]:
-    event = slack.user_message(channel, "U1", f"<@{slack.bot_user_id}> {text}")
+async def _mention_four_times(slack: FakeSlack, channel: str, text: str) -> dict[str, Any]:
+    event: dict[str, Any] = slack.user_message(channel, "U1", f"<@{slack.bot_user_id}> {text}")
     for e in slack.mention_events(event):
         await slack.deliver_event(e, copies=4)  # the first delivery and three retries, each
     return event
@@ -139,19 +140,19 @@ async def test_flaky_web_api_still_delivers_100_answers_honouring_retry_after_an
         sum(c.fault == "ratelimited" for c in calls) > 20
         and sum(c.fault == "server_error" for c in calls) > 10
     )
-    # none sent before its Retry-After: after a 429 on (method, channel) nothing on it until it expires
+
+    # none sent before its Retry-After: the retry of a 429'd call (the next call on the same message
+    # for chat.update, the next post to the channel for chat.postMessage) waits until it expires
+    def target(call: ApiCall) -> tuple[str, str | None, object]:
+        return (call.method, call.channel, call.params.get("ts") if call.method == "chat.update" else None)
+
     for i, limited in enumerate(calls):
         if limited.fault != "ratelimited":
             continue
         assert limited.retry_after_s is not None
-        early = [
-            c
-            for c in calls[i + 1 :]
-            if c.method == limited.method
-            and c.channel == limited.channel
-            and c.at < limited.at + limited.retry_after_s
-        ]
-        assert early == [], f"{len(early)} calls inside the Retry-After of a 429 on {limited.method}"
+        retry = next((c for c in calls[i + 1 :] if target(c) == target(limited)), None)
+        assert retry is not None
+        assert retry.at >= limited.at + limited.retry_after_s, f"{limited.method} retried too early"
     # none faster than one accepted post per second in the channel
     posted = [c.at for c in calls if c.method == "chat.postMessage" and c.ok]
     assert len(posted) == 100
@@ -179,11 +180,30 @@ async def test_socket_mode_disconnect_every_few_messages_loses_no_mention(
         if i % 3 == 2:  # mid-stream: some of these envelopes are not acked yet
             opened = slack.connections_opened
             await slack.disconnect(reason="refresh_requested", drop=True)
-            await slack.wait_for(
-                lambda o=opened: slack.connections_opened > o and slack.open_connections == 1
-            )
+            await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 1)  # noqa: B023
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 15, timeout_s=120)
     await settled(bot.adapter)
     assert slack.connections_opened >= 5
     assert sorted(m.thread_ts or "" for m in answers(slack, "C1")) == sorted(str(e["ts"]) for e in events)
     assert len(slack.bot_messages("C1")) == 15
+
+
+def _retries(method: str, reason: str) -> float:
+    return float(CHAT_API_RETRIES.labels("slack", method, reason)._value.get())  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(120)
+async def test_dropped_connections_and_500s_are_retried_with_backoff_and_counted(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    bot = await make_bot()
+    dropped_before = _retries("chat.postMessage", "connection")
+    failed_before = _retries("chat.update", "server_error")
+    slack.rules.append(FaultRule(methods=frozenset({"chat.postMessage"}), dropped=1.0, times=2))
+    slack.rules.append(FaultRule(methods=frozenset({"chat.update"}), server_error=1.0, times=2))
+    await slack.deliver_event(slack.user_message("D1", "U1", "are you there?", channel_type="im"))
+    await slack.wait_for(lambda: len(answers(slack, "D1")) == 1)
+    await settled(bot.adapter)
+    assert _retries("chat.postMessage", "connection") - dropped_before == 2
+    assert _retries("chat.update", "server_error") - failed_before == 2
+    assert len(slack.bot_messages("D1")) == 1  # a dropped request was never half-posted

@@ -140,7 +140,8 @@ class ContextGatherer:
             result = ProviderResult(
                 source=provider.name,
                 status=ProviderStatus.TIMEOUT,
-                error=f"{provider.name} timed out after {_seconds(provider.timeout_s)} s at {provider.target}",
+                error=f"{provider.name} timed out after {_seconds(provider.timeout_s)} s "
+                f"at {provider.target}",
                 target=provider.target,
             )
         except Exception as exc:  # a provider bug must not fail the answer

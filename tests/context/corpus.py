@@ -71,7 +71,8 @@ def _token_shapes() -> list[tuple[str, str]]:
     pairs.append((glpat, f"gitlab runner registered with {glpat}"))
     xoxb = f"xoxb-{_r(12, string.digits)}-{_r(13, string.digits)}-{_r(24)}"
     pairs.append((xoxb, f"slack client init token={xoxb[:5]}... full {xoxb}"))
-    xoxp = f"xoxp-{_r(12, string.digits)}-{_r(12, string.digits)}-{_r(13, string.digits)}-{_r(32, 'abcdef0123456789')}"
+    digits = string.digits
+    xoxp = f"xoxp-{_r(12, digits)}-{_r(12, digits)}-{_r(13, digits)}-{_r(32, 'abcdef0123456789')}"
     pairs.append((xoxp, f"posting as user with {xoxp}"))
     xapp = f"xapp-1-A{_r(10, _UPPER)}-{_r(13, string.digits)}-{_r(64, 'abcdef0123456789')}"
     pairs.append((xapp, f"socket mode app token {xapp}"))

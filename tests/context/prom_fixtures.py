@@ -171,6 +171,7 @@ def start_stack(workdir: Path, receiver_path: str = "/alertmanager") -> PromStac
     """Start the exporter, Alertmanager (sending to 127.0.0.1:<receiver_port><receiver_path>) and
     Prometheus; return once both report ready."""
     prometheus_bin, alertmanager_bin = require_binaries()
+    workdir.mkdir(parents=True, exist_ok=True)
     exporter = Exporter()
     exporter.start()
     receiver_port, am_port, prom_port = free_port(), free_port(), free_port()
@@ -234,39 +235,39 @@ def start_stack(workdir: Path, receiver_path: str = "/alertmanager") -> PromStac
         },
     )
     processes: list[subprocess.Popen[bytes]] = []
-    am_log = (workdir / "alertmanager.log").open("wb")
-    processes.append(
-        subprocess.Popen(
-            [
-                alertmanager_bin,
-                f"--config.file={am_config}",
-                f"--storage.path={workdir / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}",
-                "--cluster.listen-address=",
-                "--log.level=info",
-            ],
-            stdout=am_log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    with (workdir / "alertmanager.log").open("wb") as am_log:
+        processes.append(
+            subprocess.Popen(
+                [
+                    alertmanager_bin,
+                    f"--config.file={am_config}",
+                    f"--storage.path={workdir / 'am-data'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                    "--log.level=info",
+                ],
+                stdout=am_log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         )
-    )
-    prom_log = (workdir / "prometheus.log").open("wb")
-    processes.append(
-        subprocess.Popen(
-            [
-                prometheus_bin,
-                f"--config.file={prom_config}",
-                f"--storage.tsdb.path={workdir / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
-                "--storage.tsdb.retention.time=1h",
-                "--log.level=info",
-            ],
-            stdout=prom_log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    with (workdir / "prometheus.log").open("wb") as prom_log:
+        processes.append(
+            subprocess.Popen(
+                [
+                    prometheus_bin,
+                    f"--config.file={prom_config}",
+                    f"--storage.tsdb.path={workdir / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--rules.alert.resend-delay=1s",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=info",
+                ],
+                stdout=prom_log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         )
-    )
     stack = PromStack(
         prometheus_url=f"http://127.0.0.1:{prom_port}",
         alertmanager_url=f"http://127.0.0.1:{am_port}",

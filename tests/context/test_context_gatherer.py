@@ -8,11 +8,11 @@ import socket
 from pathlib import Path
 
 from corpus import INJECTIONS, SECRETS, corpus_alert, corpus_cluster
+from test_context_budget import WordTokenizer
 
 from bot.config import Settings
 from bot.context.budget import fit_to_budget
 from bot.context.gatherer import ContextGatherer
-from test_context_budget import WordTokenizer
 
 
 def _dead_url() -> str:

@@ -44,8 +44,10 @@ ORDINARY = [
     "NAME                     READY   STATUS             RESTARTS      AGE\n"
     "api-7f9c8d6b5-x2x9q      0/1     CrashLoopBackOff   7 (2m ago)    1h\n"
     "worker-6d5f7c9b8-kq2lp   1/1     Running            4 (3m ago)    2h",
-    "Back-off restarting failed container app in pod api-7f9c8d6b5-x2x9q_payments(5a1b2c3d-4e5f-6789-abcd-ef0123456789)",
-    'Failed to pull image "registry.example.com/api@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"',
+    "Back-off restarting failed container app in pod "
+    "api-7f9c8d6b5-x2x9q_payments(5a1b2c3d-4e5f-6789-abcd-ef0123456789)",
+    'Failed to pull image "registry.example.com/api@sha256:'
+    '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"',
     "commit 3b18e512dba79e4c8300dd08aeb37f8e728b8dad deployed to production",
     'container_memory_working_set_bytes{namespace="payments",pod="api-7f9c8d6b5-x2x9q"} 2.147483648e+09',
     'rate(http_requests_total{code=~"5.."}[5m]) = 0.042',

@@ -206,7 +206,8 @@ class FakeKubernetes:
         container = request.query.get("container")
         if container is None:
             if len(containers) != 1:
-                message = f"a container name must be specified for pod {name}, choose one of: [{' '.join(containers)}]"
+                choices = " ".join(containers)
+                message = f"a container name must be specified for pod {name}, choose one of: [{choices}]"
                 return web.json_response(status_object(400, "BadRequest", message), status=400)
             container = containers[0]
         if container not in containers:
@@ -751,7 +752,8 @@ def sample_cluster() -> FakeKubernetes:
                     "type": "PodScheduled",
                     "status": "False",
                     "reason": "Unschedulable",
-                    "message": "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available.",
+                    "message": "0/3 nodes are available: 3 Insufficient memory. "
+                    "preemption: 0/3 nodes are available.",
                     "lastTransitionTime": ts(15),
                 }
             ],

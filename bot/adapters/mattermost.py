@@ -159,7 +159,9 @@ class MattermostAdapter(ChatAdapter):
         await self.rest.start()
         me = await self.rest.me()
         self.bot_user_id, self.bot_username = str(me["id"]), str(me.get("username", ""))
-        self._mention_re = re.compile(rf"(?<![\w@])@{re.escape(self.bot_username)}\b", re.IGNORECASE)
+        # Usernames may hold '.', '-' and '_': "@opsbot-dev" is someone else, "@opsbot." is us.
+        name = re.escape(self.bot_username)
+        self._mention_re = re.compile(rf"(?<![\w@.-])@{name}(?![\w-]|\.\w)", re.IGNORECASE)
         self.max_post_size = await self._read_max_post_size()
         self._started_ms = int(time.time() * 1000)
         await self._refresh_channels()
@@ -292,7 +294,13 @@ class MattermostAdapter(ChatAdapter):
                         logger.info("mattermost websocket closed (%s)", msg.type.name)
                         return reached_hello
                     continue  # PONG and binary frames only prove the socket is alive
-                frame = json.loads(msg.data)
+                try:
+                    frame = json.loads(msg.data)
+                except ValueError:
+                    logger.warning("mattermost websocket sent a frame that is not JSON; ignored")
+                    continue
+                if not isinstance(frame, dict):
+                    continue
                 if "seq_reply" in frame:
                     if frame.get("status") == "FAIL" and frame.get("seq_reply") == 1:
                         raise MattermostAPIError(
@@ -433,7 +441,7 @@ class MattermostAdapter(ChatAdapter):
             kind = MessageKind.DIRECT
         elif mentioned:
             kind = MessageKind.MENTION
-        elif root_id and await self.store.is_bot_thread(PLATFORM, channel, root_id):
+        elif root_id and await self._is_bot_thread(channel, root_id):
             kind = MessageKind.FOLLOWUP
         else:
             return 0
@@ -455,6 +463,13 @@ class MattermostAdapter(ChatAdapter):
             return 0
         self._dispatch(message)
         return 1
+
+    async def _is_bot_thread(self, channel: str, root_id: str) -> bool:
+        try:
+            return await self.store.is_bot_thread(PLATFORM, channel, root_id)
+        except Exception as exc:  # the event stream must go on; the store logs its own outage
+            logger.warning("mattermost: cannot tell whether thread %s is opsbot's: %s", root_id, exc)
+            return False
 
     def _allowed(self, message: IncomingMessage) -> bool:
         s = self.settings

@@ -80,6 +80,7 @@ class MattermostRest:
         self.server_url = f"{settings.scheme}://{settings.url}:{settings.port}"
         self._token = settings.token.get_secret_value() if settings.token else ""
         self._session: aiohttp.ClientSession | None = None
+        self._plain: aiohttp.ClientSession | None = None
         self._rng = rng or random.Random()
 
     async def start(self) -> None:
@@ -90,12 +91,20 @@ class MattermostRest:
                 timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
                 headers={"Authorization": f"Bearer {self._token}", "X-Requested-With": "XMLHttpRequest"},
             )
+            # Slash command response URLs carry their own credentials: never send the bot token there.
+            self._plain = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl_context(self.settings.verify_tls)),
+                timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
+            )
 
     async def close(self) -> None:
         """Close the HTTP session."""
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._plain is not None:
+            await self._plain.close()
+            self._plain = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -118,6 +127,7 @@ class MattermostRest:
         params: Mapping[str, str] | None = None,
         url: str | None = None,
         retries: int | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> Any:
         """Call ``method path`` (relative to the API base, or ``url``); return the decoded JSON.
 
@@ -131,7 +141,8 @@ class MattermostRest:
         while True:
             delay: float
             try:
-                async with self.session.request(method, target, json=json, params=params) as resp:
+                client = session or self.session
+                async with client.request(method, target, json=json, params=params) as resp:
                     raw = await resp.read()
                     if resp.status < 400:
                         if not raw or resp.content_type != "application/json":
@@ -236,7 +247,9 @@ class MattermostRest:
 
     async def command_response(self, response_url: str, body: dict[str, Any]) -> None:
         """POST a slash command's delayed response to its ``response_url``."""
-        await self.request("POST", "/hooks/commands", json=body, url=response_url)
+        if self._plain is None:
+            raise RuntimeError("MattermostRest.start() was not called")
+        await self.request("POST", "/hooks/commands", json=body, url=response_url, session=self._plain)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

@@ -674,6 +674,8 @@ class FakeMattermost:
         if hook is None:
             return self._error(404, "web.incoming_webhook.invalid.app_error", "Invalid webhook.", "")
         body = await request.json()
+        # Recorded so tests can check that no bot token is sent to a response URL.
+        body["_authorization"] = request.headers.get("Authorization")
         await self._apply_command_response(hook["user_id"], hook["channel_id"], body)
         await self._notify()
         return web.Response(text="ok", content_type="text/plain")

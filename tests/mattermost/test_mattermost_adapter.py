@@ -286,4 +286,5 @@ async def test_a_slow_rca_status_is_acked_first_and_delivered_to_the_response_ur
     await fake.wait_for(lambda: len(fake.command_responses) == 2)
     later = fake.command_responses[1]
     assert later["response_type"] == "ephemeral" and "TTFT" in later["text"]
+    assert later["_authorization"] is None  # the bot token never goes to a response URL
     assert not fake.bot_posts()

@@ -57,3 +57,19 @@ class Bot:
 
 
 BotFactory = Callable[..., Awaitable[Bot]]
+
+
+async def request_rows(store: Store, expected: int, timeout: float = 30.0) -> int:
+    """Rows in ``opsbot_requests`` once ``expected`` are there (writes are buffered) or at the deadline."""
+    import asyncio
+
+    import sqlalchemy as sa
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        async with store.engine.connect() as conn:
+            count = int((await conn.execute(sa.text("SELECT count(*) FROM opsbot_requests"))).scalar_one())
+        if count >= expected or loop.time() > deadline:
+            return count
+        await asyncio.sleep(0.05)

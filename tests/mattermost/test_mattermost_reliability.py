@@ -12,7 +12,7 @@ import pytest
 from fakes.mattermost_server import FakeMattermost
 from mattermostdriver import Driver
 from mattermostdriver.websocket import Websocket
-from mm_helpers import BotFactory
+from mm_helpers import BotFactory, request_rows
 from prometheus_client import REGISTRY
 
 FOOTER_MARK = "request `"
@@ -60,6 +60,7 @@ async def test_websocket_drops_every_20_posts_and_a_half_open_spell_lose_no_ment
     assert bot.adapter.ws_connects >= fake.ws_drops  # it came back after every drop and the silence
     assert any("silent for" in r.getMessage() for r in caplog.records), "half-open socket not noticed"
     assert bot.adapter.caught_up_posts > 0  # some mentions only ever arrived through the REST catch-up
+    assert await request_rows(bot.adapter.store, 200) == 200  # one request row per mention
     # Every post seen before a drop was followed by a REST catch-up of the gap.
     assert len(fake.calls_to("GET", rf"/api/v4/channels/{channel}/posts")) >= fake.ws_drops
 
@@ -72,7 +73,7 @@ async def test_429_and_500_on_post_creation_over_100_answers_deliver_every_answe
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
     failed_before = metric("opsbot_replies_failed_total", platform="mattermost")
-    await start_bot(max_tokens=1, edit_interval_s=0.02, max_retries=15)
+    bot = await start_bot(max_tokens=1, edit_interval_s=0.02, max_retries=15)
     # Of all creates: 30 % rate-limited, 10 % failing before the post is made and 10 % failing
     # after it was made (the client cannot tell; pending_post_id keeps the retry idempotent).
     fake.add_fault("POST", "/api/v4/posts", 429, probability=0.3, retry_after=0.25, seed=1)
@@ -85,6 +86,7 @@ async def test_429_and_500_on_post_creation_over_100_answers_deliver_every_answe
 
     await fake.wait_for(all_final, timeout=240)
     assert all(len(bot_replies(fake, m)) == 1 for m in mentions)
+    assert await request_rows(bot.adapter.store, 100) == 100
     creates = fake.calls_to("POST", "/api/v4/posts")
     statuses = [c.status for c in creates]
     assert statuses.count(429) >= 15 and statuses.count(500) >= 10

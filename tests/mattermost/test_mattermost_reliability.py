@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.mattermost_server import FakeMattermost
+from fixtures_pg import pg_url  # noqa: F401  (fixture)
 from mattermostdriver import Driver
 from mattermostdriver.websocket import Websocket
 from mm_helpers import BotFactory, request_rows
 from prometheus_client import REGISTRY
+
+from bot.config import StoreSettings
+from bot.store import Store
 
 FOOTER_MARK = "request `"
 
@@ -166,3 +171,32 @@ async def test_the_real_mattermostdriver_speaks_to_the_fake_rest_and_websocket(f
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def shared_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'shared.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+async def test_two_replicas_sharing_one_database_answer_every_mention_once(
+    fake: FakeMattermost, start_bot: BotFactory, shared_db_url: str
+) -> None:
+    alice = fake.add_user("alice")
+    channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
+    settings = StoreSettings(retry_initial_s=0.02, retry_max_s=0.2, busy_timeout_ms=5000)
+    stores = [await Store.open(shared_db_url, settings) for _ in range(2)]
+    try:
+        bots = [await start_bot(max_tokens=1, edit_interval_s=0.02, bot_store=s) for s in stores]
+        mentions = [(await fake.user_posts(alice, channel, f"@opsbot q{i}"))["id"] for i in range(20)]
+        await fake.wait_for(
+            lambda: all(any(FOOTER_MARK in p["message"] for p in bot_replies(fake, m)) for m in mentions)
+        )
+        assert all(len(bot_replies(fake, m)) == 1 for m in mentions)
+        assert await request_rows(stores[0], 20) == 20
+        for bot in bots:
+            await bot.stop()
+    finally:
+        for s in stores:
+            await s.close(flush_timeout_s=5)

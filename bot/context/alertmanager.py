@@ -253,6 +253,7 @@ class AlertmanagerReceiver:
         lock = self._locks.setdefault(group_key, asyncio.Lock())
         try:
             async with lock:
+                answers: list[tuple[IncomingMessage, ChannelPoster]] = []
                 for index, (platform, channel) in enumerate(self.targets):
                     adapter = self.adapters.get(platform)
                     if adapter is None:
@@ -260,10 +261,26 @@ class AlertmanagerReceiver:
                             "alertmanager target %s:%s: no %s adapter is running", platform, channel, platform
                         )
                         continue
-                    await self._for_target(payload, index, adapter, channel)
+                    message = await self._for_target(payload, index, adapter, channel)
+                    if message is not None:
+                        answers.append((message, adapter))
                 self._firing[group_key] = {fingerprint(a) for a in firing(payload)}
+                # The analyses of all targets run together; the group's next notification waits for
+                # them, so a resolve note never lands above the summary it resolves.
+                outcomes = await asyncio.gather(
+                    *(self.pipeline_handle(message, adapter) for message, adapter in answers),
+                    return_exceptions=True,
+                )
+                for outcome in outcomes:
+                    if isinstance(outcome, Exception):
+                        logger.error(
+                            "alert summary for group %s failed: %s", redact(group_key, where="log"), outcome
+                        )
         except Exception:
             logger.exception("alert group %s could not be handled", redact(group_key, where="log"))
+        finally:
+            if not lock.locked() and self._locks.get(group_key) is lock:
+                del self._locks[group_key]
 
     def thread_key(self, group_key: str, index: int) -> str:
         """Store key of a group's thread in the ``index``-th target (the first target: the group key)."""
@@ -274,7 +291,8 @@ class AlertmanagerReceiver:
 
     async def _for_target(
         self, payload: dict[str, Any], index: int, adapter: ChannelPoster, channel: str
-    ) -> None:
+    ) -> IncomingMessage | None:
+        """Post what this notification needs in one target; the message to analyse, if any."""
         group_key: str = payload["groupKey"]
         key = self.thread_key(group_key, index)
         thread = await self.store.get_alert_thread(key)
@@ -284,12 +302,12 @@ class AlertmanagerReceiver:
                 logger.info(
                     "resolved alert group %s has no thread; nothing to do", redact(group_key, where="log")
                 )
-                return
+                return None
             if thread.status != "resolved":
                 await adapter.post_to_channel(thread.channel, self._resolved_text(payload), thread.thread_id)
                 thread.status = "resolved"
                 await self.store.save_alert_thread(thread)
-            return
+            return None
         now_firing = {fingerprint(a) for a in firing(payload)}
         if thread is None:
             thread_id = await adapter.post_to_channel(channel, header(payload))
@@ -311,14 +329,14 @@ class AlertmanagerReceiver:
                         f"{len(now_firing)} still firing."
                     )
                     await adapter.post_to_channel(thread.channel, text, thread.thread_id)
-                return
+                return None
             if thread.status != "firing":
                 thread.status = "firing"
                 await self.store.save_alert_thread(thread)
         event_id = f"alert:{group_key}:{notification_digest(payload)}"
         if index:
             event_id += f"@{channel}"
-        message = IncomingMessage(
+        return IncomingMessage(
             platform=adapter.platform,
             event_id=event_id,
             channel=thread.channel,
@@ -330,7 +348,6 @@ class AlertmanagerReceiver:
             scenario=ALERT_SUMMARY,
             extra={"alert": payload},
         )
-        await self.pipeline_handle(message, adapter)
 
     @staticmethod
     def _resolved_text(payload: Mapping[str, Any]) -> str:

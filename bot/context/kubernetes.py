@@ -252,7 +252,8 @@ class _Reader:
         focus = self._focus_pods(pods)
         unhealthy = [p for p in pods if pod_problems(p)]
         sections: list[ContextSection] = []
-        if self.entities.is_empty() or not self.entities.has_objects():
+        # Nothing named, or names that match no pod: the overview gives the model its bearings.
+        if not self.entities.has_objects() or (not focus and not self.entities.nodes):
             sections.append(self._overview(pods, unhealthy))
         shown = _unique_pods([*[p for p in focus if pod_problems(p)], *unhealthy])
         if focus and not shown:

@@ -217,9 +217,14 @@ _RULES: list[_Rule] = [
         ),
         _named_value,
     ),
-    # "key": "value" (JSON) and key="value" / key='value' (logfmt, shells, labels).
+    # "key": "value" (JSON), 'key': 'value' (Python reprs) and key="value" / key='value' (logfmt,
+    # shells, labels).
     (
         re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
+        _named_value,
+    ),
+    (
+        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"),
         _named_value,
     ),
     (

@@ -34,6 +34,9 @@ def test_no_planted_secret_survives_redaction(item):
         ("--api-key=zz9-plural", "--api-key=[REDACTED]"),
         ('{"name":"STRIPE_KEY","value":"sk_9a"}', '{"name":"STRIPE_KEY","value":"[REDACTED]"}'),
         ("Server=x;Password=p4ss;Encrypt=true", "Server=x;Password=[REDACTED];Encrypt=true"),
+        ("{'user': 'bob', 'password': 'a b c'}", "{'user': 'bob', 'password': '[REDACTED]'}"),
+        ("      DB_PASSWORD:  s3cr3t-value", "      DB_PASSWORD:  [REDACTED]"),
+        ("GET /cb?code=1&access_token=abc.def&x=1", "GET /cb?code=1&access_token=[REDACTED]&x=1"),
     ],
 )
 def test_key_names_and_schemes_are_kept_and_only_the_value_is_replaced(text, expected):
@@ -59,6 +62,8 @@ ORDINARY = [
     "TOKEN_TTL=30s password_min_length=12 SECRET_NAME=api-db PASSWORD_FILE=/run/secrets/db",
     "valueFrom:\n  secretKeyRef:\n    name: api-db\n    key: password",
     "tests: pass=12 fail=0",
+    "      DB_PASSWORD:  <set to the key 'password' in secret 'api-db'>  Optional: false",
+    "requests {'cpu': '250m', 'memory': '256Mi'}; limits {'cpu': '1', 'memory': '512Mi'}",
     "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are available",
     "kubelet has MemoryPressure; node worker-3 NotReady (NodeStatusUnknown)",
 ]

@@ -150,3 +150,22 @@ async def test_a_wrong_token_is_reported_with_the_servers_answer(tmp_path: Path,
         await provider.close()
     assert result.status is ProviderStatus.FAILED
     assert "HTTP 401" in (result.error or "")
+
+
+async def test_the_configured_kubeconfig_context_is_used_rather_than_the_current_one(
+    tmp_path: Path, fake_k8s
+):
+    import json
+
+    config = json.loads(fake_k8s.write_kubeconfig(tmp_path / "one").read_text())
+    config["clusters"].append({"name": "elsewhere", "cluster": {"server": "http://127.0.0.1:9"}})
+    config["contexts"].append({"name": "prod", "context": {"cluster": "elsewhere", "user": "opsbot"}})
+    config["current-context"] = "prod"  # kubectl's current context points at nothing
+    path = tmp_path / "two"
+    path.write_text(json.dumps(config))
+    provider = KubernetesProvider(KubernetesSettings(enabled=True, kubeconfig=path, context="fake-cluster"))
+    try:
+        result = await provider.fetch(_request("what is broken?"))
+    finally:
+        await provider.close()
+    assert result.status is ProviderStatus.OK and result.target == fake_k8s.url

@@ -310,6 +310,8 @@ class KubernetesSettings(Section):
     """Deadline for the whole provider."""
     log_tail_lines: int = Field(50, ge=0)
     """Log lines per failing container (previous container too)."""
+    list_limit: int = Field(2000, ge=1)
+    """Most objects one list call reads per namespace (one page; a cut is noted in the footer)."""
 
 
 class PrometheusSettings(Section):

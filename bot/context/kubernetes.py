@@ -203,11 +203,18 @@ class _Reader:
     ) -> list[Any]:
         """Items of a list call over the scope (per namespace concurrently, or all namespaces)."""
         kwargs["_request_timeout"] = self.call_timeout
+        # One page per call: a huge cluster must not blow the deadline; a cut is noted.
+        kwargs.setdefault("limit", self.settings.list_limit)
         if self.namespaces is None:
             self.partial.queries.append(f"list {what} (all namespaces)")
-            return list((await everywhere(**kwargs)).items)
-        self.partial.queries.append(f"list {what} in {','.join(self.namespaces)}")
-        answers = await asyncio.gather(*(namespaced(ns, **kwargs) for ns in self.namespaces))
+            answers = [await everywhere(**kwargs)]
+        else:
+            self.partial.queries.append(f"list {what} in {','.join(self.namespaces)}")
+            answers = await asyncio.gather(*(namespaced(ns, **kwargs) for ns in self.namespaces))
+        if any(a.metadata is not None and a.metadata._continue for a in answers):
+            self.partial.errors.append(
+                f"{what}: only the first {self.settings.list_limit} per namespace were read"
+            )
         return [item for answer in answers for item in answer.items]
 
     async def _optional(self, what: str, call: Awaitable[T], default: T) -> T:

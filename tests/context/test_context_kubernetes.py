@@ -169,3 +169,15 @@ async def test_the_configured_kubeconfig_context_is_used_rather_than_the_current
     finally:
         await provider.close()
     assert result.status is ProviderStatus.OK and result.target == fake_k8s.url
+
+
+async def test_a_list_cut_by_the_page_limit_is_noted(kubeconfig, fake_k8s):
+    settings = KubernetesSettings(enabled=True, kubeconfig=kubeconfig, list_limit=2)
+    provider = KubernetesProvider(settings)
+    try:
+        result = await provider.fetch(_request("how is the cluster?"))
+    finally:
+        await provider.close()
+    assert result.status is ProviderStatus.OK
+    assert "pods: only the first 2 per namespace were read" in (result.error or "")
+    assert any("limit=2" in r for r in fake_k8s.requests)

@@ -173,19 +173,21 @@ class FakeKubernetes:
         return items
 
     @staticmethod
-    def _list(kind: str, api_version: str, items: list[dict[str, Any]]) -> web.Response:
+    def _list(request: web.Request, kind: str, api_version: str, items: list[dict[str, Any]]) -> web.Response:
+        metadata: dict[str, Any] = {"resourceVersion": "12345"}
+        limit = int(request.query.get("limit", "0") or 0)
+        if limit and len(items) > limit:
+            # Real servers page with an opaque continue token; one page is all opsbot reads.
+            metadata["continue"] = f"page-after-{limit}"
+            metadata["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
         return web.json_response(
-            {
-                "kind": kind,
-                "apiVersion": api_version,
-                "metadata": {"resourceVersion": "12345"},
-                "items": items,
-            }
+            {"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}
         )
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         pods = [{"kind": "Pod", "apiVersion": "v1", **p} for p in self._filtered(request, self.pods)]
-        return self._list("PodList", "v1", pods)
+        return self._list(request, "PodList", "v1", pods)
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         for pod in self.pods:
@@ -236,11 +238,11 @@ class FakeKubernetes:
 
     async def _list_events(self, request: web.Request) -> web.Response:
         events = [{"kind": "Event", "apiVersion": "v1", **e} for e in self._filtered(request, self.events)]
-        return self._list("EventList", "v1", events)
+        return self._list(request, "EventList", "v1", events)
 
     async def _list_nodes(self, request: web.Request) -> web.Response:
         nodes = [{"kind": "Node", "apiVersion": "v1", **n} for n in self._filtered(request, self.nodes)]
-        return self._list("NodeList", "v1", nodes)
+        return self._list(request, "NodeList", "v1", nodes)
 
     async def _list_namespaces(self, request: web.Request) -> web.Response:
         names = self.namespaces or sorted({p["metadata"]["namespace"] for p in self.pods})
@@ -248,7 +250,7 @@ class FakeKubernetes:
             {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": n}, "status": {"phase": "Active"}}
             for n in names
         ]
-        return self._list("NamespaceList", "v1", items)
+        return self._list(request, "NamespaceList", "v1", items)
 
     async def _list_apps(self, request: web.Request) -> web.Response:
         kind = request.path.rstrip("/").rsplit("/", 1)[-1]
@@ -263,7 +265,7 @@ class FakeKubernetes:
         items = [
             {"kind": singular, "apiVersion": "apps/v1", **i} for i in self._filtered(request, source[kind])
         ]
-        return self._list(f"{singular}List", "apps/v1", items)
+        return self._list(request, f"{singular}List", "apps/v1", items)
 
 
 # -- selectors -------------------------------------------------------------------------------

@@ -100,7 +100,8 @@ class ContextGatherer:
             sections.extend(result.sections)
             notes.append(_note(provider, result))
             metrics.CONTEXT_SOURCE.labels(source=provider.name, status=result.status.value).inc()
-        cleaned = [_redacted(section) for section in sections]
+        # Redaction is regex work over up to a few hundred KB of logs: off the event loop.
+        cleaned = await asyncio.to_thread(lambda: [_redacted(section) for section in sections])
         for note in notes:
             note.detail = redact(note.detail, where="context")
         return ContextBundle(sections=cleaned, notes=notes, elapsed_ms=(time.perf_counter() - started) * 1000)

@@ -213,11 +213,18 @@ class MattermostAdapter(ChatAdapter):
             for info in await self.rest.my_channels(str(team["id"])):
                 if not info.get("delete_at"):
                     found[str(info["id"])] = str(info.get("type", "O"))
+        for channel in set(self._channel_types) - set(found):
+            self._forget_channel(channel)
         for channel, ctype in found.items():
             if channel not in self._channel_types and self._last_pending_ms:
                 # Joined while disconnected: catch up from when the gap began.
                 self._pending_since.setdefault(channel, self._last_pending_ms)
             self._channel_types[channel] = ctype
+
+    def _forget_channel(self, channel: str) -> None:
+        self._channel_types.pop(channel, None)
+        self._pending_since.pop(channel, None)
+        self._last_seen.pop(channel, None)
 
     # -- websocket ----------------------------------------------------------------------------
     @property
@@ -377,7 +384,15 @@ class MattermostAdapter(ChatAdapter):
                 await self._refresh_channels()
                 for channel, since in sorted(self._pending_since.items()):
                     ctype = self._channel_types.get(channel, "O")
-                    posts = await self.rest.posts_since(channel, since - _CATCHUP_MARGIN_MS)
+                    try:
+                        posts = await self.rest.posts_since(channel, since - _CATCHUP_MARGIN_MS)
+                    except MattermostAPIError as exc:
+                        if exc.status not in (403, 404):
+                            raise
+                        # Removed from the channel (or it is gone): nothing there to catch up on.
+                        logger.info("mattermost catch-up: leaving %s out (%s)", channel, exc)
+                        self._forget_channel(channel)
+                        continue
                     handled = 0
                     for post in posts:
                         if int(post.get("create_at", 0)) >= since - _CATCHUP_MARGIN_MS:
@@ -398,7 +413,11 @@ class MattermostAdapter(ChatAdapter):
     # -- incoming posts -------------------------------------------------------------------------
     async def _on_posted(self, data: dict[str, Any]) -> None:
         raw = data.get("post")
-        post = json.loads(raw) if isinstance(raw, str) else raw  # JSON inside JSON
+        try:
+            post = json.loads(raw) if isinstance(raw, str) else raw  # JSON inside JSON
+        except ValueError:
+            logger.warning("mattermost posted event with an unreadable post; ignored")
+            return
         if not isinstance(post, dict):
             return
         mentions: list[str] | None = None

@@ -200,3 +200,19 @@ async def test_two_replicas_sharing_one_database_answer_every_mention_once(
     finally:
         for s in stores:
             await s.close(flush_timeout_s=5)
+
+
+async def test_a_mention_made_while_disconnected_is_caught_up_even_after_leaving_another_channel(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    alice = fake.add_user("alice")
+    left = fake.add_channel("old-incident", [alice, fake.bot_user_id])
+    channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
+    bot = await start_bot(max_tokens=1)
+    await fake.wait_for(lambda: fake.live_connections() == 1)
+    fake.members[left].discard(fake.bot_user_id)  # opsbot was removed from one channel
+    await fake.drop_websockets()
+    post = await fake.user_posts(alice, channel, "@opsbot missed me?")  # nobody is connected now
+    await fake.wait_for(lambda: any(FOOTER_MARK in p["message"] for p in bot_replies(fake, post["id"])))
+    assert bot.adapter.caught_up_posts == 1
+    assert len(bot_replies(fake, post["id"])) == 1

@@ -157,14 +157,18 @@ class MattermostAdapter(ChatAdapter):
         self._handler = handler
         self._stopping = False
         await self.rest.start()
-        me = await self.rest.me()
-        self.bot_user_id, self.bot_username = str(me["id"]), str(me.get("username", ""))
-        # Usernames may hold '.', '-' and '_': "@opsbot-dev" is someone else, "@opsbot." is us.
-        name = re.escape(self.bot_username)
-        self._mention_re = re.compile(rf"(?<![\w@.-])@{name}(?![\w-]|\.\w)", re.IGNORECASE)
-        self.max_post_size = await self._read_max_post_size()
-        self._started_ms = int(time.time() * 1000)
-        await self._refresh_channels()
+        try:
+            me = await self.rest.me()
+            self.bot_user_id, self.bot_username = str(me["id"]), str(me.get("username", ""))
+            # Usernames may hold '.', '-' and '_': "@opsbot-dev" is someone else, "@opsbot." is us.
+            name = re.escape(self.bot_username)
+            self._mention_re = re.compile(rf"(?<![\w@.-])@{name}(?![\w-]|\.\w)", re.IGNORECASE)
+            self.max_post_size = await self._read_max_post_size()
+            self._started_ms = int(time.time() * 1000)
+            await self._refresh_channels()
+        except BaseException:
+            await self.rest.close()  # a failed start leaves nothing open behind it
+            raise
         for channel in self._channel_types:
             self._pending_since.setdefault(channel, self._started_ms - _STARTUP_LOOKBACK_MS)
         self._supervisor = asyncio.create_task(self._run_websocket(), name="mattermost-websocket")

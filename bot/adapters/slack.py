@@ -275,8 +275,9 @@ class SlackAdapter(ChatAdapter):
                     "…" if len(message.text) > _QUOTE_LIMIT else ""
                 )
                 who = f"<@{message.user}>"
+                quoted = "\n".join(f">{line}" for line in quote.split("\n"))
                 text = (
-                    f"{who} asked `{self.settings.command}`:\n>{quote}" if quote else f"{who} asked for help"
+                    f"{who} asked `{self.settings.command}`:\n{quoted}" if quote else f"{who} asked for help"
                 )
                 data = await self._post_paced({"channel": message.channel, "text": text})
                 thread_ts = str(data["ts"])
@@ -468,6 +469,7 @@ class SlackAdapter(ChatAdapter):
     def _refusal(self, channel: str, user: str) -> str | None:
         allowed_channels = self.settings.allowed_channels
         allowed_users = self.settings.allowed_users
+        # a DM (channel id D...) is the asker's own space: only the user list applies there
         if allowed_channels and channel not in allowed_channels and not channel.startswith("D"):
             return "I am not enabled in this channel (it is not in slack.allowed_channels); ask an admin."
         if allowed_users and user not in allowed_users:

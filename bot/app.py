@@ -51,6 +51,7 @@ class OpsBot:
         self.adapters: list[ChatAdapter] = []
         self.http_runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self.alert_receiver: AlertmanagerReceiver | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -91,9 +92,9 @@ class OpsBot:
         routes: list[web.RouteDef] = []
         for adapter in adapters:
             routes.extend(adapter.http_routes())
-        receiver = self._alert_receiver(adapters)
-        if receiver is not None:
-            routes.extend(receiver.http_routes())
+        self.alert_receiver = self._alert_receiver(adapters)
+        if self.alert_receiver is not None:
+            routes.extend(self.alert_receiver.http_routes())
         if self.settings.http.enabled:
             app = build_http_app(engine=self.engine, store=self.store, routes=routes)
             self.http_runner, self.http_port = await start_http(
@@ -135,6 +136,8 @@ class OpsBot:
             with contextlib.suppress(Exception):
                 await adapter.stop()
         drain = self.settings.engine.drain_timeout_s
+        if self.alert_receiver is not None:
+            await self.alert_receiver.drain(drain)
         if self.pipeline is not None:
             await self.pipeline.drain(drain)
         if self.http_runner is not None:

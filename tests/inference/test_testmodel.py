@@ -91,3 +91,17 @@ def test_8b_model_has_llama3_8b_dimensions_and_the_tokenizers_vocab(
     tok = HFChatTokenizer(str(path))
     assert config.vocab_size == len(tok.hf) == 32000
     assert config.eos_token_id == tok.eos_token_id
+
+
+def test_an_older_test_model_is_replaced_whole(tmp_path: Path) -> None:
+    dest = tmp_path / "model"
+    dest.mkdir()
+    (dest / MARKER_FILE).write_text(json.dumps({"version": "0", "size": "tiny"}))
+    (dest / "stale.bin").write_bytes(b"old")
+    lines: list[str] = []
+    build_test_model(dest, "tiny", progress=lines.append)
+    assert is_test_model(dest, "tiny")
+    assert not (dest / "stale.bin").exists()
+    assert any("training a byte-level BPE tokenizer" in line for line in lines)
+    assert lines[-1].startswith("test model (tiny) ready at")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp or old folders left

@@ -186,13 +186,18 @@ class SlackAdapter(ChatAdapter):
 
             if self.settings.app_token is None:
                 raise ValueError("slack.app_token (xapp-...) is required in socket mode")
+            app_token = self.settings.app_token.get_secret_value()
+            # slack-sdk retries a failing apps.connections.open forever; asking once ourselves
+            # turns a wrong app token into a clear start() error, and the URL is used right away
+            opened = await self.call("apps.connections.open", {}, token=app_token)
             self._socket = AsyncSocketModeHandler(
                 self.app,
-                app_token=self.settings.app_token.get_secret_value(),
+                app_token=app_token,
                 web_client=self.client,
                 ping_interval=self.settings.socket_ping_interval_s,
                 logger=logging.getLogger("bot.adapters.slack.socket"),
             )
+            self._socket.client.wss_uri = str(opened["url"])
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         elif self._verifier is None:
             raise ValueError("slack.signing_secret is required in http mode")
@@ -214,19 +219,26 @@ class SlackAdapter(ChatAdapter):
 
     # -- Web API --------------------------------------------------------------------------------
     async def call(
-        self, method: str, params: Mapping[str, Any], *, channel: str | None = None
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        channel: str | None = None,
+        token: str | None = None,
     ) -> dict[str, Any]:
         """One Web API call with retries: 429 waits ``Retry-After``, 5xx / connection errors back off.
 
+        ``token`` replaces the bot token (the app-level token for ``apps.connections.open``).
         Raises :class:`SlackCallError` on a permanent error or when retries are exhausted.
         """
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         attempt = 0
         while True:
             await self._gates.wait(method, channel)
             reason: str
             delay: float
             try:
-                resp = await self.client.api_call(method, json=dict(params))
+                resp = await self.client.api_call(method, json=dict(params), headers=headers)
                 return dict(resp.data) if isinstance(resp.data, dict) else {}
             except SlackApiError as exc:
                 status = exc.response.status_code

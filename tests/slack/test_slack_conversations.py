@@ -159,3 +159,18 @@ async def test_refusals_outside_the_allow_lists_are_ephemeral_and_say_why(
     assert "allowed_channels" in slack.ephemerals[0]["text"]
     assert "allowed_users" in (env.ack_payload or {}).get("text", "")
     assert slack.bot_messages() == []
+
+
+async def test_a_wrong_app_token_fails_start_with_slacks_error(slack: FakeSlack) -> None:
+    from fakes.slack_harness import slack_settings
+
+    from bot.adapters.slack import SlackAdapter, SlackCallError
+
+    adapter = SlackAdapter(slack_settings(slack, app_token="xapp-wrong"), store=None)  # type: ignore[arg-type]
+
+    async def never(_: object) -> None:
+        raise AssertionError("no message expected")
+
+    with pytest.raises(SlackCallError, match="apps.connections.open: invalid_auth"):
+        await adapter.start(never)
+    await adapter.stop()  # nothing was opened: stop is a no-op

@@ -159,14 +159,15 @@ def _basic(match: re.Match[str]) -> str:
 def _named_value(match: re.Match[str]) -> str:
     name = match.group("name")
     value = match.group("value")
-    if not is_secret_name(name) or not value or value == REDACTED or value.startswith(REDACTED):
+    if not value.strip("\\\"'") or value.startswith(REDACTED) or not is_secret_name(name):
         return match.group(0)
     if value.lower() in {"true", "false", "null", "none", "nil", "''", '""', "<none>", "***", "*****"}:
         return match.group(0)
     return _keep_group(match.re.groupindex["value"])(match)
 
 
-_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]{0,80}"
+# Names may carry a domain prefix (annotation keys such as "example.com/db-password").
+_NAME = r"[A-Za-z_][A-Za-z0-9_.\-/]{0,120}"
 _VALUE = r"[^\s\"'`,;&<>(){}\[\]]+"
 _RULES: list[_Rule] = [
     # Private key blocks (PEM, OpenSSH, PGP), also with JSON-escaped newlines or cut off by a log tail.
@@ -213,7 +214,9 @@ _RULES: list[_Rule] = [
     # Kubernetes env entries and similar name/value pairs in JSON.
     (
         re.compile(
-            r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")(?P<value>(?:[^\"\\]|\\.)*)(\")"
+            r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
+            # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
+            r"(?P<value>(?:[^\"\\]|\\\\\"|\\.)*)(\")"
         ),
         _named_value,
     ),
@@ -227,8 +230,15 @@ _RULES: list[_Rule] = [
         re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"),
         _named_value,
     ),
+    # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
     (
-        re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]+)(?P=q)"),
+        re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""),
+        _named_value,
+    ),
+    (
+        re.compile(
+            rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
+        ),
         _named_value,
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).

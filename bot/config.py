@@ -210,19 +210,6 @@ class SlackSettings(Section):
     drain_timeout_s: float = Field(10.0, ge=0)
     """On stop: seconds answers in progress may still finish before they are cancelled."""
 
-    retry_backoff_s: float = Field(0.5, gt=0)
-    """First backoff after a 5xx or connection error (doubles per retry, with jitter, up to 30 s)."""
-    command: str = "/rca"
-    """The slash command opsbot answers (as configured in the Slack app)."""
-    events_path: str = "/slack/events"
-    """HTTP mode: path of the one Request URL for events, slash commands and interactivity."""
-    message_limit: int = Field(39_000, ge=200, le=40_000)
-    """Characters of answer text per Slack message; longer answers are split into several."""
-    socket_ping_interval_s: float = Field(10.0, gt=0)
-    """Socket Mode: seconds between websocket pings (a dead socket is replaced within ~4 pings)."""
-    drain_timeout_s: float = Field(10.0, ge=0)
-    """On stop: seconds answers in progress may still finish before they are cancelled."""
-
     @model_validator(mode="after")
     def _tokens_when_enabled(self) -> SlackSettings:
         if self.enabled:

@@ -180,12 +180,11 @@ def detect_quantization(model_dir: str | Path) -> QuantizationInfo:
             _, bits, detail = _from_quantization_config({**side, "quant_method": method})
         return QuantizationInfo(method, bits, name, detail=detail)
     dtype = config.get("torch_dtype", config.get("dtype"))
-    return QuantizationInfo(
-        method=None,
-        bits=_dtype_bits(dtype),
-        source="config.json:torch_dtype" if dtype else "unknown",
-        detail=f"{dtype}" if dtype else "",
-    )
+    if dtype:
+        return QuantizationInfo(None, _dtype_bits(dtype), "config.json:torch_dtype", detail=str(dtype))
+    # A local config.json without quantization metadata or dtype: unquantized, width not stated.
+    source = "config.json" if config else "unknown"
+    return QuantizationInfo(None, None, source, detail="unquantized" if config else "no config.json")
 
 
 def resolve_quantization(model_dir: str | Path, override: str | None = None) -> QuantizationInfo:

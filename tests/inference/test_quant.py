@@ -81,6 +81,14 @@ def test_unquantized_bf16_folder_reports_sixteen_bits_and_no_method(tmp_path: Pa
     assert info == QuantizationInfo(None, 16, "config.json:torch_dtype", detail="bfloat16")
 
 
+def test_a_config_without_dtype_is_unquantized_and_refuses_offline_formats(tmp_path: Path) -> None:
+    folder = write_model(tmp_path, {"hidden_size": 64})
+    info = detect_quantization(folder)
+    assert (info.method, info.source) == (None, "config.json")
+    with pytest.raises(QuantizationError, match="quantized offline"):
+        resolve_quantization(folder, "awq")
+
+
 def test_a_hub_id_is_unknown_and_an_override_is_trusted() -> None:
     assert detect_quantization("org/model-id").source == "unknown"
     info = resolve_quantization("org/model-id", "awq")

@@ -132,7 +132,8 @@ def is_local_model(model: str) -> bool:
 
 def engine_args_kwargs(config: VllmEngineConfig, quantization: str | None = None) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for ``config`` (the benchmark builds raw vLLM from it too)."""
-    model = str(Path(config.model).expanduser()) if is_local_model(config.model) else config.model
+    # Absolute: vLLM's compile-cache key includes the path as written.
+    model = str(Path(config.model).expanduser().resolve()) if is_local_model(config.model) else config.model
     kwargs: dict[str, Any] = {
         "model": model,
         "tokenizer": config.tokenizer,
@@ -443,6 +444,8 @@ class VllmEngine(Engine):
                 nvml.nvmlShutdown()
 
     def _build_llm(self, quantization: str | None) -> Any:
+        # The pre-checks touched CUDA in this process; a forked engine core could not use it.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

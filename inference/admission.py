@@ -62,12 +62,12 @@ class AdmissionConfig:
     """Limits per lane. Lanes missing from a mapping are unlimited there."""
 
     max_in_flight: Mapping[Lane, int | None] = field(
-        default_factory=lambda: _lane_map({Lane.URGENT: 64, Lane.NORMAL: 48, Lane.BACKGROUND: 48})
+        default_factory=lambda: _lane_map({Lane.URGENT: 64, Lane.NORMAL: 56, Lane.BACKGROUND: 56})
     )
     """Most requests of each lane inside the engine at once (admitted, not finished). Keep the
     background value below the engine's ``max_num_seqs`` so urgent requests find a free batch slot."""
     max_prefilling: Mapping[Lane, int | None] = field(
-        default_factory=lambda: _lane_map({Lane.NORMAL: 8, Lane.BACKGROUND: 2})
+        default_factory=lambda: _lane_map({Lane.NORMAL: 8, Lane.BACKGROUND: 8})
     )
     """Most requests of each lane admitted but still before their first token (in prefill).
     Small values for the lower lanes keep every engine step short, which is what bounds the

@@ -65,3 +65,11 @@ def model_8b(request: pytest.FixtureRequest) -> Path:
     from inference.testmodel import TEST_MODEL_VERSION, build_test_model
 
     return build_test_model(_model_cache(request) / f"8b-v{TEST_MODEL_VERSION}", "8b")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(request: pytest.FixtureRequest) -> Path:
+    """The tiny test model (as the root conftest's fixture; the GPU run loads only this conftest)."""
+    from inference.testmodel import TEST_MODEL_VERSION, build_test_model
+
+    return build_test_model(_model_cache(request) / f"tiny-v{TEST_MODEL_VERSION}", "tiny")

@@ -75,8 +75,10 @@ VARIANTS: dict[str, AdmissionConfig | None] = {
     # The shipped defaults.
     "default": AdmissionConfig(),
     # Looser and tighter background prefill pacing, to show the trade-off.
+    "bg-prefill-2": AdmissionConfig(max_prefilling={Lane.NORMAL: 8, Lane.BACKGROUND: 2}),
     "bg-prefill-4": AdmissionConfig(max_prefilling={Lane.NORMAL: 8, Lane.BACKGROUND: 4}),
-    "bg-prefill-8": AdmissionConfig(max_prefilling={Lane.NORMAL: 8, Lane.BACKGROUND: 8}),
+    # The background in-flight cap of the first run (48 < 56 requests): a second wave.
+    "bg-cap-48": AdmissionConfig(max_in_flight={Lane.URGENT: 64, Lane.NORMAL: 56, Lane.BACKGROUND: 48}),
 }
 
 
@@ -533,7 +535,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", default="opsbot,raw", help="comma list of opsbot, raw (default: both)")
     p.add_argument(
         "--variants",
-        default="none,default,bg-prefill-4,bg-prefill-8",
+        default="none,default,bg-prefill-2,bg-prefill-4,bg-cap-48",
         help=f"admission variants for urgent-under-load on the opsbot engine ({', '.join(VARIANTS)})",
     )
     p.add_argument(

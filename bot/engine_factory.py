@@ -59,6 +59,8 @@ def admission_config(settings: Settings) -> AdmissionConfig:
     a = settings.admission
     return AdmissionConfig(
         max_in_flight=_lanes(a.max_in_flight),
+        max_prefilling=_lanes(a.max_prefilling),
+        hold_background_while_urgent_prefills=a.hold_background_while_urgent_prefills,
         max_queue=_lanes(a.max_queue),
         background_max_in_flight_when_urgent=a.background_max_in_flight_when_urgent,
         queue_timeout_s=a.queue_timeout_s,
@@ -116,6 +118,7 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
                 on_dead=e.on_dead,
                 max_restarts=e.max_restarts,
                 request_timeout_s=e.request_timeout_s,
+                log_stats=e.log_stats,
             ),
             on_dead=_engine_died,
             on_fatal=on_fatal,

@@ -182,6 +182,7 @@ class StreamingReply(ReplyStream):
         self._shown: str | None = None
         self._last_edit = float("-inf")
         self._editor: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Future[None] | None = None
         self._wake = asyncio.Event()
         self._closed = False
 
@@ -234,12 +235,19 @@ class StreamingReply(ReplyStream):
             shown = self._format(text)
             if len(shown) + len(STREAMING_CURSOR) > self.limit:
                 shown = shown[: self.limit - len(STREAMING_CURSOR) - 1] + "…"
+            # Spacing is measured between edit starts (what the platform sees). The call runs as
+            # its own task so that finish() can stop this loop without cutting a request in half.
+            self._last_edit = self.clock()
+            self._in_flight = asyncio.ensure_future(
+                self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
+            )
             try:
-                await self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
+                await asyncio.shield(self._in_flight)
                 self._shown = text
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # an intermediate edit may fail; the final one repairs it
                 logger.warning("streaming edit failed in %s: %s", self.channel, exc)
-            self._last_edit = self.clock()
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
@@ -247,6 +255,9 @@ class StreamingReply(ReplyStream):
             self._editor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._editor
+        if self._in_flight is not None and not self._in_flight.done():
+            with contextlib.suppress(Exception):  # its outcome no longer matters, its timing does
+                await self._in_flight
         chunks = split_text(self._format(answer.text) or "_(empty answer)_", self._final_limit(answer))
         wait = self._last_edit + self.edit_interval_s - self.clock()
         if wait > 0:  # the final edit respects the per-message edit rate too

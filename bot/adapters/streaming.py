@@ -235,9 +235,9 @@ class StreamingReply(ReplyStream):
             shown = self._format(text)
             if len(shown) + len(STREAMING_CURSOR) > self.limit:
                 shown = shown[: self.limit - len(STREAMING_CURSOR) - 1] + "…"
-            # Spacing is measured between edit starts (what the platform sees). The call runs as
-            # its own task so that finish() can stop this loop without cutting a request in half.
-            self._last_edit = self.clock()
+            # The next edit waits a full interval after this one *completed*: the platform saw this
+            # one no later than that, so it never sees two closer than the interval. The call runs
+            # as its own task so that finish() can stop this loop without cutting a request in half.
             self._in_flight = asyncio.ensure_future(
                 self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
             )
@@ -248,6 +248,7 @@ class StreamingReply(ReplyStream):
                 raise
             except Exception as exc:  # an intermediate edit may fail; the final one repairs it
                 logger.warning("streaming edit failed in %s: %s", self.channel, exc)
+            self._last_edit = self.clock()
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
@@ -258,6 +259,7 @@ class StreamingReply(ReplyStream):
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(Exception):  # its outcome no longer matters, its timing does
                 await self._in_flight
+            self._last_edit = self.clock()
         chunks = split_text(self._format(answer.text) or "_(empty answer)_", self._final_limit(answer))
         wait = self._last_edit + self.edit_interval_s - self.clock()
         if wait > 0:  # the final edit respects the per-message edit rate too

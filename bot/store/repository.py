@@ -354,6 +354,9 @@ class Store:
         window = [_REQUESTS.c.created_at >= since]
         if until is not None:
             window.append(_REQUESTS.c.created_at < until)
+        # Buffered rows first: a row the writer commits while the query runs is then either in
+        # this snapshot or in the query's result, never in neither.
+        pending = self._pending_requests(since, until)
         try:
             async with self._timeout(), self._engine.connect() as conn:
                 stored = (await conn.execute(select(*columns).where(*window))).all()
@@ -363,7 +366,7 @@ class Store:
             r.request_id: (r.scenario, r.platform, r.status, r.ttft_ms, r.tpot_ms, r.queue_ms, r.e2e_ms)
             for r in stored
         }
-        for p in self._pending_requests(since, until):
+        for p in pending:
             rows[p.request_id] = (
                 p.scenario,
                 p.platform,

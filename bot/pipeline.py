@@ -184,7 +184,7 @@ class Pipeline:
             ttft_line = (
                 f"TTFT last hour: p50 {(percentile(ttft, 50) or 0) / 1000:.2f} s, "
                 f"p99 {(percentile(ttft, 99) or 0) / 1000:.2f} s "
-                f"({len(ttft)} answers)"
+                f"({len(ttft)} answer{'' if len(ttft) == 1 else 's'})"
             )
         else:
             ttft_line = "TTFT last hour: no answers yet"

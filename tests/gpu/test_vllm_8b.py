@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from gpu_streams import chat_request, collect
 
 from inference.admission import AdmittedEngine
 from inference.engine import (
     ChatMessage,
-    GenerationEvent,
     GenerationRequest,
-    GenerationResult,
     Lane,
-    SamplingSettings,
-    TextDelta,
 )
 from inference.vllm_engine import VllmEngine, VllmEngineConfig
 
@@ -50,23 +47,7 @@ def config_8b(model: Path, **overrides: object) -> VllmEngineConfig:
 
 
 def request(rid: str, question: str, *, lane: Lane = Lane.NORMAL, max_tokens: int = 32) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=rid,
-        scenario="chat",
-        lane=lane,
-        sampling=SamplingSettings(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-        messages=[SYSTEM, ChatMessage("user", question)],
-    )
-
-
-async def collect(stream: AsyncIterator[GenerationEvent]) -> tuple[list[TextDelta], GenerationResult]:
-    deltas: list[TextDelta] = []
-    async for event in stream:
-        if isinstance(event, TextDelta):
-            deltas.append(event)
-        else:
-            return deltas, event
-    raise AssertionError("stream ended without a result")
+    return chat_request(rid, SYSTEM, question, lane=lane, max_tokens=max_tokens)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -17,18 +17,16 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from gpu_streams import chat_request, collect
 
 from inference.admission import AdmissionConfig, AdmittedEngine
 from inference.engine import (
     ChatMessage,
     EngineDeadError,
     EngineStartupError,
-    GenerationEvent,
     GenerationRequest,
-    GenerationResult,
     Lane,
     RequestAbortedError,
-    SamplingSettings,
     TextDelta,
 )
 from inference.vllm_engine import VllmEngine, VllmEngineConfig
@@ -67,23 +65,7 @@ async def engine(tiny_model: Path) -> AsyncIterator[VllmEngine]:
 
 
 def request(rid: str, question: str, *, lane: Lane = Lane.NORMAL, max_tokens: int = 16) -> GenerationRequest:
-    return GenerationRequest(
-        request_id=rid,
-        scenario="chat",
-        lane=lane,
-        sampling=SamplingSettings(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-        messages=[SYSTEM, ChatMessage("user", question)],
-    )
-
-
-async def collect(stream: AsyncIterator[GenerationEvent]) -> tuple[list[TextDelta], GenerationResult]:
-    deltas: list[TextDelta] = []
-    async for event in stream:
-        if isinstance(event, TextDelta):
-            deltas.append(event)
-        else:
-            return deltas, event
-    raise AssertionError("stream ended without a result")
+    return chat_request(rid, SYSTEM, question, lane=lane, max_tokens=max_tokens)
 
 
 async def wait_until(predicate: object, timeout_s: float = 60.0) -> None:

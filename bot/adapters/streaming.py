@@ -248,7 +248,10 @@ class StreamingReply(ReplyStream):
                 raise
             except Exception as exc:  # an intermediate edit may fail; the final one repairs it
                 logger.warning("streaming edit failed in %s: %s", self.channel, exc)
-            self._last_edit = self.clock()
+            finally:
+                # Also when finish() cancels this loop: then the edit is done (this time is late
+                # enough) or still running (finish() waits for it and takes the time again).
+                self._last_edit = self.clock()
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True

@@ -112,3 +112,18 @@ def test_footer_names_sources_failures_left_out_and_timings_with_units() -> None
 def test_split_rejects_absurd_limits(limit: int) -> None:
     with pytest.raises(ValueError):
         split_text("abc" * 100, limit)
+
+
+async def test_finishing_at_any_moment_never_edits_sooner_than_the_interval() -> None:
+    # finish() may land while an edit is in flight, just done, or waiting: each time the final
+    # edit must still come a full interval after the previous one completed.
+    for attempt in range(40):
+        reply = RecordingReply(limit=1000, edit_interval_s=0.02)
+        await reply.start()
+        for i in range(attempt % 7 + 1):
+            await reply.update(f"partial {i}")
+            await asyncio.sleep(0.003 * (attempt % 5))
+        await reply.finish(FinalAnswer(request_id="r", text="done"))
+        times = [c[1] for c in reply.calls if c[2] == "m1"]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert all(g >= 0.02 - 1e-3 for g in gaps), (attempt, gaps)

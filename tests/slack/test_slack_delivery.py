@@ -115,7 +115,7 @@ async def test_250_rca_commands_with_the_engine_stalled_are_all_acked_within_3_s
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 async def test_flaky_web_api_still_delivers_100_answers_honouring_retry_after_and_pacing(
     slack: FakeSlack, make_bot: BotFactory
 ) -> None:
@@ -131,7 +131,9 @@ async def test_flaky_web_api_still_delivers_100_answers_honouring_retry_after_an
         event = slack.user_message("C1", f"U{i}", f"<@{slack.bot_user_id}> check {i}")
         await slack.deliver_event(slack.mention_events(event)[0])
         events.append(event)
-    await slack.wait_for(lambda: len(answers(slack, "C1")) == 100, timeout_s=400)
+    # Pacing (1 post/s) plus Retry-After waits make this take 4-7 min on 2 cores, depending on how
+    # the faults fall; the deadline is generous because delivery, not speed, is what is checked.
+    await slack.wait_for(lambda: len(answers(slack, "C1")) == 100, timeout_s=840)
     await settled(bot.adapter)
 
     assert sorted(m.thread_ts or "" for m in answers(slack, "C1")) == sorted(str(e["ts"]) for e in events)

@@ -210,7 +210,9 @@ class SlackSettings(Section):
     channel_post_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two new posts to one channel."""
     max_retries: int = Field(6, ge=0)
-    """Retries of a Web API call on 429 / 5xx / connection errors."""
+    """Retries of a Web API call on 5xx / connection errors."""
+    rate_limit_patience_s: float = Field(300.0, gt=0)
+    """How long one Web API call keeps honouring 429 Retry-After before it gives up."""
     retry_backoff_s: float = Field(0.5, gt=0)
     """First backoff after a 5xx or connection error (doubles per retry, with jitter, up to 30 s)."""
     command: str = "/rca"

@@ -232,7 +232,8 @@ class SlackAdapter(ChatAdapter):
         Raises :class:`SlackCallError` on a permanent error or when retries are exhausted.
         """
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        attempt = 0
+        attempt = 0  # failures (5xx, connection errors): bounded by max_retries
+        started = time.monotonic()  # rate limits: bounded by rate_limit_patience_s
         while True:
             await self._gates.wait(method, channel)
             reason: str
@@ -259,9 +260,16 @@ class SlackAdapter(ChatAdapter):
                 detail = error or f"HTTP {status}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 reason, delay, detail = "connection", self._backoff(attempt), type(exc).__name__
-            if attempt >= self.settings.max_retries:
+            if reason == "ratelimited":
+                # A 429 is Slack saying "wait", not a failure: keep honouring Retry-After until the
+                # patience runs out, so a busy channel delays an answer instead of losing it.
+                waited = time.monotonic() - started
+                if waited + delay > self.settings.rate_limit_patience_s:
+                    raise SlackCallError(method, f"{detail}: still rate limited after {waited:.0f} s")
+            elif attempt >= self.settings.max_retries:
                 raise SlackCallError(method, f"{detail} after {attempt} retries")
-            attempt += 1
+            else:
+                attempt += 1
             CHAT_API_RETRIES.labels(PLATFORM, method, reason).inc()
             logger.info(
                 "slack %s retry %d in %.2f s: %s (channel=%s)", method, attempt, delay, detail, channel

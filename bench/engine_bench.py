@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.admission import AdmissionConfig, AdmittedEngine  # noqa: E402
+from inference.config import EngineConfig  # noqa: E402
 from inference.engine import (  # noqa: E402
     ChatMessage,
     Engine,
@@ -58,7 +59,7 @@ from inference.engine import (  # noqa: E402
     SamplingSettings,
     TextDelta,
 )
-from inference.vllm_engine import VllmEngine, VllmEngineConfig, engine_args_kwargs  # noqa: E402
+from inference.vllm_engine import VllmEngine, engine_args_kwargs  # noqa: E402
 
 logger = logging.getLogger("engine_bench")
 
@@ -309,7 +310,7 @@ async def run_workloads(client: Client, wl: Workload, *, cache_fracs: list[float
     return res
 
 
-async def bench_opsbot(cfg: VllmEngineConfig, wl: Workload, variants: list[str]) -> dict[str, Any]:
+async def bench_opsbot(cfg: EngineConfig, wl: Workload, variants: list[str]) -> dict[str, Any]:
     engine = VllmEngine(cfg)
     await engine.start([ChatMessage("system", wl.system)])
     assert engine.warmup_prompt_tokens == wl.system_tokens, (engine.warmup_prompt_tokens, wl.system_tokens)
@@ -344,7 +345,7 @@ async def bench_opsbot(cfg: VllmEngineConfig, wl: Workload, variants: list[str])
     return out
 
 
-async def bench_raw(cfg: VllmEngineConfig, quantization: str | None, wl: Workload) -> dict[str, Any]:
+async def bench_raw(cfg: EngineConfig, quantization: str | None, wl: Workload) -> dict[str, Any]:
     from vllm import SamplingParams, TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
@@ -472,8 +473,8 @@ def meta(argv: list[str]) -> dict[str, Any]:
     return info
 
 
-def engine_config(args: argparse.Namespace, model: Path, name: str) -> VllmEngineConfig:
-    return VllmEngineConfig(
+def engine_config(args: argparse.Namespace, model: Path, name: str) -> EngineConfig:
+    return EngineConfig(
         model=str(model),
         load_format="dummy",
         dtype="bfloat16",

@@ -1,9 +1,10 @@
 """Wiring: builds every part from ``Settings`` and runs them until a signal or a dead engine.
 
 Start order: store (migrations) -> engine (model load, system-prompt warm-up) -> pipeline ->
-HTTP server -> chat adapters. Shutdown runs the other way: adapters stop taking messages,
-answers in flight drain up to ``engine.drain_timeout_s``, then the engine and the store close
-(the store flushes its buffered rows).
+HTTP server -> chat adapters. Shutdown runs the other way, with one deadline: adapters and the
+Alertmanager receiver stop taking messages, the pipeline (the one owner of work in flight) drains
+every answer up to ``engine.drain_timeout_s``, then adapters close their connections, and the
+engine and the store close (the store flushes its buffered rows).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bot.adapters.base import ChatAdapter, MessageHandler
+from bot.adapters.alertmanager import AlertmanagerReceiver
+from bot.adapters.base import ChatAdapter, MessageSink
 from bot.config import Settings
-from bot.context.alertmanager import AlertmanagerReceiver
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine, pick_backend, resolve_model
 from bot.http import build_http_app, start_http
-from bot.pipeline import Pipeline, PipelineConfig
+from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.store import Store
 from bot.types import IncomingMessage
@@ -81,7 +82,7 @@ class OpsBot:
             prompts=prompts,
             scenarios=ScenarioRegistry(s.scenarios),
             context=self.context,
-            config=PipelineConfig(request_timeout_s=s.engine.request_timeout_s, model_name=model),
+            model_name=model,
         )
         return self.pipeline
 
@@ -101,7 +102,7 @@ class OpsBot:
                 app, self.settings.http.host, self.settings.http.port
             )
         for adapter in adapters:
-            await adapter.start(_handler_for(pipeline, adapter))
+            await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
             self.progress(f"{adapter.platform} adapter connected")
 
@@ -110,7 +111,7 @@ class OpsBot:
             return None
         assert self.pipeline is not None and self.store is not None
         by_platform = {a.platform: a for a in adapters}
-        return AlertmanagerReceiver(self.settings, self.store, self.pipeline.handle, by_platform)
+        return AlertmanagerReceiver(self.settings, self.store, self.pipeline, by_platform)
 
     def _engine_fatal(self, reason: str) -> None:
         """The engine died for good (no restart left, or ``on_dead=exit``): exit non-zero."""
@@ -131,27 +132,36 @@ class OpsBot:
         await self._stop.wait()
 
     async def shutdown(self) -> None:
-        """Stop adapters, drain answers in flight, close engine, context and store."""
+        """Stop taking messages, drain every answer in flight (one deadline), close everything."""
         for adapter in reversed(self.adapters):
-            with contextlib.suppress(Exception):
+            try:
                 await adapter.stop()
-        drain = self.settings.engine.drain_timeout_s
+            except Exception:
+                logger.warning("stopping the %s adapter failed", adapter.platform, exc_info=True)
         if self.alert_receiver is not None:
-            await self.alert_receiver.drain(drain)
+            self.alert_receiver.stop()
         if self.pipeline is not None:
-            await self.pipeline.drain(drain)
+            await self.pipeline.drain(self.settings.engine.drain_timeout_s)
+        for adapter in reversed(self.adapters):
+            try:
+                await adapter.close()
+            except Exception:
+                logger.warning("closing the %s adapter failed", adapter.platform, exc_info=True)
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         if self.engine is not None:
-            await self.engine.shutdown(drain)
+            # The pipeline has drained: whatever the engine still runs was cancelled with its answer.
+            await self.engine.shutdown(drain_timeout_s=5.0)
         if self.context is not None:
             await self.context.close()
         if self.store is not None:
             await self.store.close()
 
 
-def _handler_for(pipeline: Pipeline, adapter: ChatAdapter) -> MessageHandler:
-    async def handle(message: IncomingMessage) -> None:
-        await pipeline.handle(message, adapter)
+def submit_to(pipeline: Pipeline, adapter: ChatAdapter) -> MessageSink:
+    """``pipeline.submit`` bound to ``adapter``: what an adapter hands its accepted messages to."""
 
-    return handle
+    def submit(message: IncomingMessage) -> asyncio.Task[None]:
+        return pipeline.submit(message, adapter)
+
+    return submit

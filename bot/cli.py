@@ -130,9 +130,12 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
 
 
 def _setup_logging(settings: Settings, *, debug: bool) -> None:
+    from bot.config import deprecation_notes
     from bot.logs import setup_logging
 
     setup_logging("DEBUG" if debug else settings.log_level, as_json=settings.log_json)
+    for note in deprecation_notes():
+        logger.warning("%s", note)
 
 
 def _config_show(settings: Settings, *, as_json: bool, out: Console) -> int:
@@ -228,13 +231,13 @@ def _human(delta: timedelta) -> str:
 
 async def _chat(settings: Settings, err: Console) -> int:
     from bot.adapters.console import ConsoleAdapter
-    from bot.app import OpsBot
+    from bot.app import OpsBot, submit_to
 
     bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
     try:
         pipeline = await bot.start_core()
         adapter = ConsoleAdapter()
-        await adapter.start(lambda m: pipeline.handle(m, adapter))
+        await adapter.start(submit_to(pipeline, adapter))
         err.print(
             "[bold]opsbot chat[/bold] — ask a question; follow-ups keep the thread; "
             "/rca <question>, /rca status, /quit",

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,12 +20,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from bot.errors import OpsbotError
+from inference.config import AdmissionConfig, ConfigSection, EngineConfig
+
 ENV_PREFIX = "OPSBOT_"
 CONFIG_FILE_ENV = "OPSBOT_CONFIG"
 DEFAULT_CONFIG_FILE = "opsbot.toml"
 
 
-class ConfigError(Exception):
+class ConfigError(OpsbotError):
     """A configuration problem, phrased as one line: the key, what is wrong, how to fix it."""
 
 
@@ -35,104 +38,77 @@ def default_data_dir() -> Path:
     return Path(base) / "opsbot"
 
 
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors (typos must not pass silently)."""
+EngineSettings = EngineConfig
+"""``[engine]``: declared once in :mod:`inference.config`, read by every backend as it is."""
+AdmissionSettings = AdmissionConfig
+"""``[admission]``: declared once in :mod:`inference.config`, read by the admission controller."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
-
-
-class EngineSettings(Section):
-    """The in-process inference engine."""
-
-    backend: Literal["auto", "cpu", "vllm"] = "auto"
-    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU) or ``auto`` (vllm when CUDA and
-    vLLM are importable, else cpu)."""
-    model: str | None = None
-    """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
-    tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
-    tokenizer: str | None = None
-    """Tokenizer folder or id when it differs from ``model``."""
-    revision: str | None = None
-    """Hugging Face revision (branch, tag or commit) of ``model``."""
-    trust_remote_code: bool = False
-    """Allow model code from the model folder / hub (only for models you trust)."""
-    dtype: str = "auto"
-    """Weight and activation dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``."""
-    quantization: str | None = None
-    """Override the detected quantization (``awq``, ``gptq``, ``fp8``, ``compressed-tensors``,
-    ``bitsandbytes``); ``fp8`` on a bf16 checkpoint quantizes online on Hopper GPUs."""
-    kv_cache_dtype: str = "auto"
-    """KV-cache dtype (``auto`` or ``fp8``): fp8 doubles cache capacity at a small accuracy cost."""
-    load_format: str = "auto"
-    """vLLM weight loading (``auto``, ``safetensors``, ``dummy`` for random weights in benchmarks)."""
-    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
-    """Fraction of GPU memory vLLM may take (weights + KV cache)."""
-    max_model_len: int = Field(4096, ge=256)
-    """Context window in tokens (prompt + answer)."""
-    max_num_seqs: int = Field(64, ge=1)
-    """Sequences decoded together in one batch (continuous batching width)."""
-    max_num_batched_tokens: int | None = Field(8192, ge=256)
-    """Tokens per scheduler step (prefill chunk budget); ``None`` keeps vLLM's default."""
-    block_size: int = Field(16, ge=1)
-    """PagedAttention KV block size in tokens."""
-    enable_prefix_caching: bool = True
-    """Reuse KV blocks of identical prompt prefixes (the shared system prompt)."""
-    tensor_parallel_size: int = Field(1, ge=1)
-    """GPUs one model is split across."""
-    enforce_eager: bool = False
-    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
-    compilation_level: int | None = None
-    """vLLM compilation level (0-3); ``None`` keeps vLLM's default."""
-    seed: int = 0
-    """Engine random seed."""
-    scheduling_policy: Literal["fcfs", "priority"] = "priority"
-    """vLLM scheduler policy; ``priority`` lets urgent lanes jump the waiting queue."""
-    on_dead: Literal["restart", "exit"] = "restart"
-    """When the engine dies: restart it in-process, or exit non-zero for a supervisor."""
-    max_restarts: int = Field(3, ge=0)
-    """Restarts allowed before giving up and exiting non-zero."""
-    drain_timeout_s: float = Field(30.0, ge=0)
-    """Graceful shutdown: seconds in-flight requests may still run."""
-    request_timeout_s: float = Field(300.0, gt=0)
-    """A generation running longer than this is aborted."""
-    log_stats: bool = True
-    """vLLM stats logging: exports vLLM's own ``vllm:*`` metrics and per-request timings."""
-    cpu_threads: int | None = Field(None, ge=1)
-    """torch threads for the CPU engine (``None``: torch's default)."""
-    cpu_max_concurrency: int = Field(4, ge=1)
-    """Requests the CPU engine decodes at once."""
+_deprecations: dict[str, None] = {}
+_IGNORED_WHY = {"drain_timeout_s": "engine.drain_timeout_s is the one shutdown deadline for every adapter"}
 
 
-class AdmissionSettings(Section):
-    """Lane admission control in front of the engine (``inference.admission``).
-
-    The defaults are the ones measured on the H200 (bench/README.md): pacing background prefills
-    and holding background admissions while urgent work prefills took urgent TTFT p99 under load
-    from 316 ms (raw vLLM) to 30 ms, with total throughput unchanged.
-    """
-
-    max_in_flight: dict[str, int] = Field(
-        default_factory=lambda: {"urgent": 64, "normal": 56, "background": 56}
-    )
-    """Most requests of each lane inside the engine at once. Keep background below
-    ``engine.max_num_seqs`` so an urgent request always finds a free batch slot."""
-    max_prefilling: dict[str, int] = Field(default_factory=lambda: {"normal": 8, "background": 8})
-    """Most requests of each lane admitted but still before their first token (in prefill); small
-    values keep every engine step short, which bounds an urgent request's wait."""
-    hold_background_while_urgent_prefills: bool = True
-    """Admit no background request while an urgent one waits or has not had its first token."""
-    background_max_in_flight_when_urgent: int | None = Field(None, ge=0)
-    """While urgent work waits or runs, admit background requests only below this many in flight
-    (unset: the background lane's normal limit)."""
-    max_queue: dict[str, int] = Field(
-        default_factory=lambda: {"urgent": 1000, "normal": 1000, "background": 1000}
-    )
-    """Most requests waiting per lane; more are refused with a clear message."""
-    queue_timeout_s: float = Field(120.0, gt=0)
-    """A request waiting longer than this for admission fails with 'overloaded'."""
+def deprecation_notes() -> list[str]:
+    """Deprecated settings seen while loading the configuration, one line each (then forgotten)."""
+    notes = list(_deprecations)
+    _deprecations.clear()
+    return notes
 
 
-class PromptSettings(Section):
+def _move_renamed(section: str, data: Any, renames: dict[str, str | None]) -> Any:
+    """Accept the old names of renamed fields for one release: move each into its new place (the new
+    name wins when both are given) and remember a deprecation line for the log."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if new is None:
+            why = _IGNORED_WHY.get(old, "")
+            _deprecations[f"config: {section}.{old} is no longer used and is ignored; {why}".rstrip("; ")] = (
+                None
+            )
+            continue
+        parent, _, leaf = new.partition(".")
+        current = data.get(parent)
+        sub = current.model_dump() if isinstance(current, BaseModel) else dict(current or {})
+        sub.setdefault(leaf, value)
+        data[parent] = sub
+        _deprecations[
+            f"config: {section}.{old} is deprecated and will be removed in the next release; "
+            f"use {section}.{new} instead"
+        ] = None
+    return data
+
+
+class RetrySettings(ConfigSection):
+    """Retry knobs, the same shape in every section that retries (see :mod:`bot.retry`)."""
+
+    max_retries: int | None = Field(6, ge=0)
+    """Retries after 5xx answers, timeouts and connection errors before giving up (``None``: retry
+    for ever, with backoff). 429s do not count here: they are waits, bounded by ``patience_s``."""
+    initial_s: float = Field(0.5, gt=0)
+    """First backoff after a failure in seconds; it doubles per retry (with jitter) up to ``max_s``."""
+    max_s: float = Field(30.0, gt=0)
+    """Longest backoff between two tries in seconds."""
+    patience_s: float = Field(300.0, gt=0)
+    """How long in seconds one call keeps honouring 429 ``Retry-After`` answers before it gives up."""
+
+
+class AccessSettings(ConfigSection):
+    """Who opsbot answers on a platform (one rule set, :mod:`bot.access`, for every platform)."""
+
+    allowed_channels: list[str] = Field(default_factory=list)
+    """Channel ids opsbot answers in (empty: all)."""
+    allowed_users: list[str] = Field(default_factory=list)
+    """User ids opsbot answers (empty: all)."""
+    direct_messages: Literal["allow", "as_channel", "deny"] = "allow"
+    """Direct messages: ``allow`` (a DM is the asker's own space: only ``allowed_users`` applies),
+    ``as_channel`` (the DM must be in ``allowed_channels`` too) or ``deny`` (never answer DMs)."""
+
+
+class PromptSettings(ConfigSection):
     """The shared system prompt and how the context window is shared out."""
 
     system_prompt: str | None = None
@@ -155,7 +131,7 @@ class PromptSettings(Section):
         return self
 
 
-class StoreSettings(Section):
+class StoreSettings(ConfigSection):
     """Where requests, threads and de-duplication keys are stored."""
 
     url: str | None = None
@@ -165,17 +141,23 @@ class StoreSettings(Section):
     """Run Alembic migrations up to head at start."""
     buffer_size: int = Field(10_000, ge=1)
     """Rows held in memory while the database is unreachable; overflow is counted and logged."""
-    retry_initial_s: float = Field(0.5, gt=0)
-    """First retry delay for buffered writes (doubles up to ``retry_max_s``)."""
-    retry_max_s: float = Field(30.0, gt=0)
-    """Longest delay between write retries."""
+    retry: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None))
+    """Write retries while the database is unreachable (buffered rows are retried for ever:
+    ``max_retries`` stays unset)."""
     busy_timeout_ms: int = Field(5000, ge=0)
     """SQLite busy_timeout for concurrent writers."""
     connect_timeout_s: float = Field(5.0, gt=0)
     """Seconds to wait for a database connection."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return _move_renamed(
+            "store", data, {"retry_initial_s": "retry.initial_s", "retry_max_s": "retry.max_s"}
+        )
 
-class HttpSettings(Section):
+
+class HttpSettings(ConfigSection):
     """opsbot's own HTTP server (Slack events, slash commands, webhooks, health, metrics)."""
 
     enabled: bool = True
@@ -186,7 +168,7 @@ class HttpSettings(Section):
     """Port to bind (0: any free port)."""
 
 
-class SlackSettings(Section):
+class SlackSettings(AccessSettings):
     """Slack app connection."""
 
     enabled: bool = False
@@ -201,20 +183,13 @@ class SlackSettings(Section):
     """Signing secret; required in http mode."""
     api_base_url: str = "https://slack.com/api/"
     """Web API base URL (tests and corporate proxies point it elsewhere)."""
-    allowed_channels: list[str] = Field(default_factory=list)
-    """Channel ids opsbot answers in (empty: all)."""
-    allowed_users: list[str] = Field(default_factory=list)
-    """User ids opsbot answers (empty: all)."""
     edit_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two edits of one streamed message."""
     channel_post_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two new posts to one channel."""
-    max_retries: int = Field(6, ge=0)
-    """Retries of a Web API call on 5xx / connection errors."""
-    rate_limit_patience_s: float = Field(300.0, gt=0)
-    """How long one Web API call keeps honouring 429 Retry-After before it gives up."""
-    retry_backoff_s: float = Field(0.5, gt=0)
-    """First backoff after a 5xx or connection error (doubles per retry, with jitter, up to 30 s)."""
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    """Web API call retries: 429s wait ``Retry-After`` up to ``patience_s``; 5xx and connection
+    errors back off up to ``max_retries`` times."""
     command: str = "/rca"
     """The slash command opsbot answers (as configured in the Slack app)."""
     events_path: str = "/slack/events"
@@ -223,8 +198,20 @@ class SlackSettings(Section):
     """Characters of answer text per Slack message; longer answers are split into several."""
     socket_ping_interval_s: float = Field(10.0, gt=0)
     """Socket Mode: seconds between websocket pings (a dead socket is replaced within ~4 pings)."""
-    drain_timeout_s: float = Field(10.0, ge=0)
-    """On stop: seconds answers in progress may still finish before they are cancelled."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return _move_renamed(
+            "slack",
+            data,
+            {
+                "max_retries": "retry.max_retries",
+                "rate_limit_patience_s": "retry.patience_s",
+                "retry_backoff_s": "retry.initial_s",
+                "drain_timeout_s": None,
+            },
+        )
 
     @model_validator(mode="after")
     def _tokens_when_enabled(self) -> SlackSettings:
@@ -238,7 +225,7 @@ class SlackSettings(Section):
         return self
 
 
-class MattermostSettings(Section):
+class MattermostSettings(AccessSettings):
     """Mattermost bot connection."""
 
     enabled: bool = False
@@ -261,25 +248,15 @@ class MattermostSettings(Section):
     """Secret embedded in feedback buttons' action context to verify clicks."""
     public_url: str | None = None
     """URL at which Mattermost reaches opsbot's HTTP server (for button actions)."""
-    allowed_channels: list[str] = Field(default_factory=list)
-    """Channel ids opsbot answers in (empty: all)."""
-    allowed_users: list[str] = Field(default_factory=list)
-    """User ids opsbot answers (empty: all)."""
     edit_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two edits of one streamed post."""
     websocket_silence_s: float = Field(60.0, gt=0)
     """Reconnect when no websocket frame arrived for this long (half-open connections)."""
-    reconnect_max_s: float = Field(60.0, gt=0)
-    """Longest backoff between websocket reconnects."""
-    reconnect_initial_s: float = Field(0.5, gt=0)
-    """First websocket reconnect delay (doubles, with jitter, up to ``reconnect_max_s``)."""
-    max_retries: int = Field(6, ge=0)
-    """Retries of a REST call on 429 / 5xx / connection errors."""
-    retry_initial_s: float = Field(0.5, gt=0)
-    """First REST retry delay for 5xx / connection errors (doubles, with jitter, up to
-    ``retry_max_s``); a 429 waits its ``Retry-After`` instead."""
-    retry_max_s: float = Field(20.0, gt=0)
-    """Longest delay between two REST retries on 5xx / connection errors."""
+    reconnect: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None, max_s=60.0))
+    """Websocket reconnects and the REST catch-up after them (retried for ever, with backoff)."""
+    retry: RetrySettings = Field(default_factory=lambda: RetrySettings(max_s=20.0))
+    """REST call retries: 429s wait ``Retry-After`` (else ``X-Ratelimit-Reset``) up to
+    ``patience_s``; 5xx and connection errors back off up to ``max_retries`` times."""
     request_timeout_s: float = Field(30.0, gt=0)
     """Deadline of one REST call (a timeout counts as a connection error and is retried)."""
     channel_post_interval_s: float = Field(0.1, ge=0)
@@ -289,6 +266,21 @@ class MattermostSettings(Section):
     """``/rca help`` and ``/rca status``: seconds the command's HTTP response waits for the text so
     it can carry it directly (later text goes to the ``response_url``)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return _move_renamed(
+            "mattermost",
+            data,
+            {
+                "max_retries": "retry.max_retries",
+                "retry_initial_s": "retry.initial_s",
+                "retry_max_s": "retry.max_s",
+                "reconnect_initial_s": "reconnect.initial_s",
+                "reconnect_max_s": "reconnect.max_s",
+            },
+        )
+
     @model_validator(mode="after")
     def _token_when_enabled(self) -> MattermostSettings:
         if self.enabled and self.token is None:
@@ -296,7 +288,7 @@ class MattermostSettings(Section):
         return self
 
 
-class KubernetesSettings(Section):
+class KubernetesSettings(ConfigSection):
     """Kubernetes context provider."""
 
     enabled: bool = False
@@ -317,7 +309,7 @@ class KubernetesSettings(Section):
     """Most objects one list call reads per namespace (one page; a cut is noted in the footer)."""
 
 
-class PrometheusSettings(Section):
+class PrometheusSettings(ConfigSection):
     """Prometheus context provider."""
 
     enabled: bool = False
@@ -340,7 +332,7 @@ class PrometheusSettings(Section):
     word), for summaries such as ``max 512.0 MiB``."""
 
 
-class AlertmanagerSettings(Section):
+class AlertmanagerSettings(ConfigSection):
     """Alertmanager webhook receiver."""
 
     enabled: bool = False
@@ -351,7 +343,7 @@ class AlertmanagerSettings(Section):
     """Where summaries go, as ``platform:channel`` (``slack:C123``, ``mattermost:abc``)."""
 
 
-class ContextSettings(Section):
+class ContextSettings(ConfigSection):
     """How cluster context is gathered."""
 
     timeout_s: float = Field(4.0, gt=0)
@@ -377,9 +369,9 @@ class Settings(BaseSettings):
     """Logging level."""
     log_json: bool = False
     """Log one JSON object per line (for log shippers) instead of text."""
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     """Inference engine."""
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """Lane admission control."""
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     """System prompt and budgets."""
@@ -470,19 +462,24 @@ def reference_markdown() -> str:
     """A Markdown table of every setting: key, environment variable, default, description."""
     rows = ["| key | environment variable | default | description |", "|---|---|---|---|"]
 
-    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> None:
+    def walk(model: type[BaseModel], defaults: BaseModel | None, prefix: tuple[str, ...]) -> None:
         for name, info in model.model_fields.items():
             ann = info.annotation
             path = (*prefix, name)
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, path)
-                continue
-            if info.default_factory is not None:
-                default: Any = info.default_factory()  # type: ignore[call-arg]
+            if defaults is not None and hasattr(defaults, name):
+                default: Any = getattr(defaults, name)
+            elif info.default_factory is not None:
+                default = info.default_factory()  # type: ignore[call-arg]
             else:
                 default = info.default
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                # A section's own defaults (``[store.retry]`` retries for ever, ``[slack.retry]`` not).
+                walk(ann, default if isinstance(default, BaseModel) else None, path)
+                continue
             if name == "data_dir":
                 default = "$XDG_DATA_HOME/opsbot or ~/.local/share/opsbot"
+            elif isinstance(default, dict):
+                default = {str(k): v for k, v in default.items()}  # lane keys as their names
             shown = (
                 "required when enabled"
                 if default is None and "required" in (info.description or "")
@@ -492,5 +489,5 @@ def reference_markdown() -> str:
             env = ENV_PREFIX + "__".join(p.upper() for p in path)
             rows.append(f"| `{'.'.join(path)}` | `{env}` | {shown} | {doc} |")
 
-    walk(Settings, ())
+    walk(Settings, None, ())
     return "\n".join(rows)

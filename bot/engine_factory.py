@@ -1,7 +1,7 @@
 """From ``Settings`` to a running engine: pick the backend, find or build the model, add admission.
 
-``inference/`` knows nothing of ``bot.config``; this module is the one place that maps the bot's
-settings onto the engines' own config dataclasses.
+``inference/`` knows nothing of ``bot.config``; the ``[engine]`` and ``[admission]`` sections are
+``inference.config``'s own models, handed to the engines as they are.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bot import metrics
 from bot.config import Settings
-from inference.admission import AdmissionConfig, AdmittedEngine
+from inference.admission import AdmittedEngine
 from inference.engine import Engine, Lane
 
 logger = logging.getLogger(__name__)
@@ -54,23 +54,6 @@ def pick_backend(settings: Settings) -> str:
     return "vllm" if torch.cuda.is_available() else "cpu"
 
 
-def admission_config(settings: Settings) -> AdmissionConfig:
-    """The admission controller's limits from ``[admission]``."""
-    a = settings.admission
-    return AdmissionConfig(
-        max_in_flight=_lanes(a.max_in_flight),
-        max_prefilling=_lanes(a.max_prefilling),
-        hold_background_while_urgent_prefills=a.hold_background_while_urgent_prefills,
-        max_queue=_lanes(a.max_queue),
-        background_max_in_flight_when_urgent=a.background_max_in_flight_when_urgent,
-        queue_timeout_s=a.queue_timeout_s,
-    )
-
-
-def _lanes(values: Mapping[str, int]) -> dict[Lane, int | None]:
-    return {Lane(name): value for name, value in values.items()}
-
-
 def _export_queues(queued: Mapping[Lane, int], in_flight: Mapping[Lane, int]) -> None:
     for lane in Lane:
         metrics.LANE_QUEUE_DEPTH.labels(lane.value).set(queued.get(lane, 0))
@@ -88,57 +71,21 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
     ``on_fatal(reason)`` is called when the engine died and will not be restarted
     (``engine.on_dead = "exit"`` or no restart left): the caller should shut down non-zero.
     """
-    e = settings.engine
+    config = settings.engine.model_copy(update={"model": model})
     backend = pick_backend(settings)
     inner: Engine
     if backend == "vllm":
-        from inference.vllm_engine import VllmEngine, VllmEngineConfig
+        from inference.vllm_engine import VllmEngine
 
-        inner = VllmEngine(
-            VllmEngineConfig(
-                model=model,
-                tokenizer=e.tokenizer,
-                revision=e.revision,
-                trust_remote_code=e.trust_remote_code,
-                dtype=e.dtype,
-                quantization=e.quantization,
-                kv_cache_dtype=e.kv_cache_dtype,
-                load_format=e.load_format,
-                gpu_memory_utilization=e.gpu_memory_utilization,
-                max_model_len=e.max_model_len,
-                max_num_seqs=e.max_num_seqs,
-                max_num_batched_tokens=e.max_num_batched_tokens,
-                block_size=e.block_size,
-                enable_prefix_caching=e.enable_prefix_caching,
-                tensor_parallel_size=e.tensor_parallel_size,
-                enforce_eager=e.enforce_eager,
-                compilation_level=e.compilation_level,
-                seed=e.seed,
-                scheduling_policy=e.scheduling_policy,
-                on_dead=e.on_dead,
-                max_restarts=e.max_restarts,
-                request_timeout_s=e.request_timeout_s,
-                log_stats=e.log_stats,
-            ),
-            on_dead=_engine_died,
-            on_fatal=on_fatal,
-        )
+        inner = VllmEngine(config, on_dead=_engine_died, on_fatal=on_fatal)
     else:
-        from inference.cpu_engine import CpuEngine, CpuEngineConfig
+        from inference.cpu_engine import CpuEngine
 
-        inner = CpuEngine(
-            CpuEngineConfig(
-                model=model,
-                tokenizer=e.tokenizer,
-                revision=e.revision,
-                trust_remote_code=e.trust_remote_code,
-                dtype=e.dtype,
-                threads=e.cpu_threads,
-                max_concurrency=e.cpu_max_concurrency,
-                request_timeout_s=e.request_timeout_s,
-                seed=e.seed,
-                max_model_len=e.max_model_len,
-            )
-        )
+        inner = CpuEngine(config)
     logger.info("engine backend: %s", backend)
-    return AdmittedEngine(inner, admission_config(settings), on_queue_change=_export_queues)
+    return AdmittedEngine(
+        inner,
+        settings.admission,
+        request_timeout_s=config.request_timeout_s,
+        on_queue_change=_export_queues,
+    )

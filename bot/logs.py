@@ -1,4 +1,5 @@
-"""Logging setup: one handler on the root logger, every record redacted before it is written."""
+"""Logging setup: one handler on the root logger; every record is redacted and carries the id of the
+request it belongs to (``request_id``, from :mod:`inference.context`'s contextvar) in text and JSON."""
 
 from __future__ import annotations
 
@@ -7,11 +8,39 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from bot.context.redact import RedactingFilter
+from bot.redact import RedactingFilter
+from inference.context import request_id_var, request_scope
+
+__all__ = ["JsonFormatter", "RequestIdFilter", "TextFormatter", "request_scope", "setup_logging"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 # Structured fields the pipeline attaches with ``extra=``; copied into JSON lines when present.
 _FIELDS = ("request_id", "platform", "channel", "thread")
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps every record with the current request's id (``record.request_id``; unset outside one).
+
+    A handler filter, like :class:`RedactingFilter`, so third-party libraries' lines are stamped too.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Add ``request_id`` unless the caller passed one explicitly; never drops a record."""
+        if getattr(record, "request_id", None) is None:
+            record.request_id = request_id_var.get()
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message [request_id=...]``: the request id appended where there is one."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None)
+        return f"{line} [request_id={request_id}]" if request_id else line
 
 
 class JsonFormatter(logging.Formatter):
@@ -25,7 +54,7 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for name in _FIELDS:
-            if hasattr(record, name):
+            if getattr(record, name, None) is not None:
                 entry[name] = getattr(record, name)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
@@ -35,7 +64,8 @@ class JsonFormatter(logging.Formatter):
 def setup_logging(level: str = "INFO", *, as_json: bool = False, stream: object = None) -> None:
     """Send all logs to stderr (or ``stream``), redacted; quiet the chattiest libraries."""
     handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
+    handler.addFilter(RequestIdFilter())
     handler.addFilter(RedactingFilter())
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -1,11 +1,19 @@
 """The one flow every question takes, from an adapter's ``IncomingMessage`` to a stored answer.
 
-claim the event (de-duplication) -> commands (help / status) -> scenario and lane -> placeholder
-in the thread -> thread history + cluster context (concurrently) -> prompt (token ids) -> engine
-stream -> throttled edits -> final answer with footer -> thread turns and one request row stored.
+submit (the pipeline owns the message from here) -> claim the event (de-duplication) -> access
+policy -> commands (help / status) -> scenario and lane (:mod:`bot.routing`) -> placeholder in the
+thread -> thread history + cluster context (concurrently) -> prompt (token ids) -> engine stream
+-> throttled edits -> final answer with footer -> thread turns and one request row stored.
 
 Every failure ends as a short message in the thread and a request row with its status: the user
-never meets silence, and the store never misses a request.
+never meets silence, and the store never misses a request. Statuses, one per branch of the error
+trees (``inference.engine`` and :mod:`bot.errors`): ``ok``, ``timeout``, ``aborted``,
+``overloaded``, ``engine_dead``, ``error`` (the engine could not answer), ``undelivered`` /
+``throttled`` (the platform refused or kept failing).
+
+The pipeline is the one owner of work in flight: adapters and the Alertmanager receiver hand every
+accepted message to :meth:`Pipeline.submit`, and shutdown waits for all of it in one place
+(:meth:`Pipeline.drain`, one deadline).
 """
 
 from __future__ import annotations
@@ -14,20 +22,21 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bot import metrics
 from bot.adapters.base import ChatAdapter, ReplyStream
-from bot.adapters.streaming import ReplyDeliveryError
 from bot.context.base import ContextBundle
-from bot.context.redact import redact
+from bot.errors import PlatformError
 from bot.prompts import PromptBuilder
+from bot.redact import redact
+from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage
 from bot.store.records import percentile
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
+from inference.context import request_scope
 from inference.engine import (
     Engine,
     EngineDeadError,
@@ -37,18 +46,19 @@ from inference.engine import (
     GenerationResult,
     Lane,
     RequestAbortedError,
+    RequestTimeoutError,
     TextDelta,
 )
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, ScenarioRegistry
+from inference.scenarios import ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
     from bot.context.gatherer import ContextGatherer
 
 logger = logging.getLogger(__name__)
 
-_CHANGE_WORDS = ("rollout", "roll out", "deploy", "release", "change review", "review the change", "diff")
-_CAUSE_WORDS = ("root cause", "why is", "why are", "why did", "rca", "what caused", "crashloop", "failing")
 _UPDATE_EVERY_S = 0.05  # redact + hand partial text to the adapter at most this often
+CANCEL_GRACE_S = 5.0
+"""Seconds an answer stopped by shutdown gets to post its note and write its row."""
 
 ENGINE_DEAD_TEXT = (
     ":warning: The model engine is down right now and is being restarted. "
@@ -57,41 +67,14 @@ ENGINE_DEAD_TEXT = (
 OVERLOADED_TEXT = ":hourglass: opsbot is overloaded right now ({detail}). Please try again shortly."
 FAILED_TEXT = ":warning: Generating the answer failed: {detail}"
 TIMEOUT_TEXT = ":warning: The answer took longer than {seconds:.0f} s and was stopped."
-
-
-@dataclass(slots=True)
-class PipelineConfig:
-    """The pipeline's knobs (from ``bot.config``)."""
-
-    request_timeout_s: float = 300.0
-    model_name: str = ""
-
-
-def pick_scenario(message: IncomingMessage) -> str:
-    """The scenario for ``message``: forced, by kind, then by what the text asks for."""
-    if message.scenario:
-        return message.scenario
-    if message.kind is MessageKind.ALERT:
-        return ALERT_SUMMARY
-    text = message.text.lower()
-    if any(w in text for w in _CHANGE_WORDS):
-        return CHANGE_REVIEW
-    if message.kind is MessageKind.COMMAND or any(w in text for w in _CAUSE_WORDS):
-        return ROOT_CAUSE
-    return CHAT
-
-
-def pick_lane(message: IncomingMessage) -> Lane:
-    """Urgent for ``/rca`` and alerts, background for thread follow-ups, normal otherwise."""
-    if message.kind in (MessageKind.COMMAND, MessageKind.ALERT):
-        return Lane.URGENT
-    if message.kind is MessageKind.FOLLOWUP:
-        return Lane.BACKGROUND
-    return Lane.NORMAL
+PLACEHOLDER_FAILED_TEXT = ":warning: opsbot could not post its answer in this channel: {detail}"
+SHUTDOWN_TEXT = (
+    ":warning: opsbot is restarting and stopped before this answer was complete; please ask again."
+)
 
 
 class Pipeline:
-    """Answers questions: owns the flow, not the platforms, the engine or the database."""
+    """Answers questions: owns the flow and the work in flight, not the platforms, engine or database."""
 
     def __init__(
         self,
@@ -101,48 +84,97 @@ class Pipeline:
         prompts: PromptBuilder,
         scenarios: ScenarioRegistry,
         context: ContextGatherer | None = None,
-        config: PipelineConfig | None = None,
+        model_name: str = "",
     ) -> None:
         self.engine = engine
         self.store = store
         self.prompts = prompts
         self.scenarios = scenarios
         self.context = context
-        self.config = config or PipelineConfig()
+        self.model_name = model_name
         self._tasks: set[asyncio.Task[None]] = set()
 
-    # -- entry points ------------------------------------------------------------------------
+    # -- work in flight ----------------------------------------------------------------------
     def submit(self, message: IncomingMessage, adapter: ChatAdapter) -> asyncio.Task[None]:
-        """Handle ``message`` in the background (adapters ack first, then call this)."""
-        task = asyncio.create_task(self.handle(message, adapter), name=f"handle-{message.event_id}")
+        """Take ``message`` (already acknowledged by its adapter) and answer it in a task owned here.
+
+        The task runs as request ``message.request_id`` (every log line it writes carries the id).
+        """
+        with request_scope(message.request_id):
+            return self.track(self.handle(message, adapter), f"answer-{message.request_id}")
+
+    def track(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` (an inbound receiver's processing) as work in flight that :meth:`drain` waits for."""
+        task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
         return task
 
-    async def drain(self, timeout_s: float) -> None:
-        """Wait for submitted messages to finish, up to ``timeout_s``; cancel what is left."""
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # handle() catches its own
+            logger.error("work in flight %s failed", task.get_name(), exc_info=task.exception())
+
+    @property
+    def in_flight(self) -> int:
+        """Messages submitted and not yet answered."""
+        return len(self._tasks)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for every submitted message; cancel the rest (each still gets a
+        note in its thread and its request row). Returns how many were cancelled."""
         if not self._tasks:
-            return
+            return 0
+        logger.info("shutdown: waiting up to %.0f s for %d answer(s) in flight", timeout_s, len(self._tasks))
         _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
         for task in pending:
             task.cancel()
         if pending:
-            logger.warning("shutdown: %d answers still running were cancelled", len(pending))
-            await asyncio.gather(*pending, return_exceptions=True)
+            logger.warning(
+                "shutdown: %d answer(s) still running after %.0f s were stopped", len(pending), timeout_s
+            )
+            # A stopped answer posts a short note in its thread and writes its row: give it a moment.
+            _, stuck = await asyncio.wait(pending, timeout=CANCEL_GRACE_S)
+            if stuck:
+                logger.warning("shutdown: %d stopped answer(s) could not post their note in time", len(stuck))
+        return len(pending)
 
     async def handle(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
-        """Answer ``message`` through ``adapter``; never raises for a per-message problem."""
-        message.text = redact(message.text)
-        if not await self.store.claim_event(message.platform, message.event_id):
-            metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
-            logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
-            return
-        try:
-            if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
+        """Answer ``message`` through ``adapter`` now; never raises for a per-message problem."""
+        with request_scope(message.request_id):
+            message.text = redact(message.text)
+            if not await self.store.claim_event(message.platform, message.event_id):
+                metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
+                logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
                 return
-            await self._answer(message, adapter)
-        except Exception:  # last line of defence: log it, the adapter's loop must go on
-            logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+            try:
+                if await self._refused(message, adapter):
+                    return
+                if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
+                    return
+                await self._answer(message, adapter)
+            except Exception:  # last line of defence: log it, the adapter's loop must go on
+                logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+
+    async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
+        """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a
+        thread follow-up: people who may not ask keep talking in the thread undisturbed)."""
+        if message.kind is MessageKind.ALERT:
+            return False  # alert targets are configured by an admin
+        refusal = adapter.access.refusal_for(message) if adapter.access is not None else None
+        if refusal is None:
+            return False
+        logger.info(
+            "refused (%s): %s:%s channel=%s user=%s",
+            refusal.rule,
+            message.platform,
+            message.event_id,
+            message.channel,
+            message.user,
+        )
+        if message.kind is not MessageKind.FOLLOWUP:
+            await adapter.send_notice(message, refusal.text, ephemeral=True)
+        return True
 
     # -- commands ----------------------------------------------------------------------------
     async def _command(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
@@ -156,16 +188,17 @@ class Pipeline:
         return False
 
     def help_text(self) -> str:
-        """Usage of ``/rca`` and of mentions, for ``/rca help``."""
+        """Usage of ``/rca`` and of mentions, with the lane table, for ``/rca help``."""
         return (
             "*opsbot* — incident assistant (reads the cluster, never changes it)\n"
-            "• `/rca <question, alert, pod or service>` — root-cause analysis in a new thread "
-            "(urgent lane)\n"
+            "• `/rca <question, alert, pod or service>` — root-cause analysis in a new thread\n"
             "• `/rca status` — model, queue per lane, KV-cache use, TTFT of the last hour\n"
             "• `/rca help` — this message\n"
             "• @-mention me with a question, or DM me; reply in my threads to follow up "
             "without mentioning me again\n"
-            "• Mention *review*, *rollout* or *deploy* for a change review."
+            "• Ask *why* for a root-cause analysis; ask me to *review* a rollout or deploy for a "
+            "change review.\n"
+            "Who waits for whom (lanes, urgent first):\n" + lane_table_markdown()
         )
 
     async def status_text(self) -> str:
@@ -203,12 +236,9 @@ class Pipeline:
 
     # -- answering ---------------------------------------------------------------------------
     async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
-        started = time.perf_counter()
-        request_id = uuid.uuid4().hex[:16]
+        request_id = message.request_id
         scenario = pick_scenario(message)
-        lane = pick_lane(message)
-        sampling = self.scenarios.get(scenario)
-        log = {"request_id": request_id, "platform": message.platform, "channel": message.channel}
+        lane = pick_lane(message, scenario)
         record = RequestRecord(
             request_id=request_id,
             platform=message.platform,
@@ -218,7 +248,7 @@ class Pipeline:
             scenario=scenario,
             lane=lane.value,
             status="ok",
-            model=self.config.model_name,
+            model=self.model_name,
         )
         logger.info(
             "request %s: %s/%s %s lane=%s",
@@ -227,19 +257,38 @@ class Pipeline:
             message.channel,
             scenario,
             lane.value,
-            extra=log,
         )
-
+        reply: ReplyStream | None = None
         try:
-            reply = await adapter.open_reply(message)
-        except Exception as exc:
-            metrics.REPLIES_FAILED.labels(message.platform).inc()
-            logger.error("request %s: cannot post the placeholder: %s", request_id, exc, extra=log)
-            record.status, record.error = "error", f"placeholder: {exc}"[:500]
-            await self._finish_record(record, started)
-            return
-        record.thread_id = reply.thread_id
+            try:
+                reply = await adapter.open_reply(message)
+            except PlatformError as exc:
+                metrics.REPLIES_FAILED.labels(message.platform).inc()
+                logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
+                record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
+                # Best effort: the asker at least learns why (a command's response URL often still works).
+                with contextlib.suppress(Exception):
+                    await adapter.send_notice(
+                        message, PLACEHOLDER_FAILED_TEXT.format(detail=exc), ephemeral=True
+                    )
+                return
+            record.thread_id = reply.thread_id
+            await self._answer_into(message, reply, scenario, lane, record)
+        except asyncio.CancelledError:
+            # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
+            record.status, record.error = "aborted", "stopped by shutdown"
+            if reply is not None:
+                note = asyncio.ensure_future(adapter.send_notice(_in_thread(message, reply), SHUTDOWN_TEXT))
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(note), CANCEL_GRACE_S)
+            raise
+        finally:
+            await self._finish_record(record, message)
 
+    async def _answer_into(
+        self, message: IncomingMessage, reply: ReplyStream, scenario: str, lane: Lane, record: RequestRecord
+    ) -> None:
+        sampling = self.scenarios.get(scenario)
         history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario)
         record.context_ms = context_ms
         plan = self.prompts.build(
@@ -252,21 +301,23 @@ class Pipeline:
         )
         record.prompt_tokens = plan.prompt_tokens
         request = GenerationRequest(
-            request_id=request_id,
+            request_id=message.request_id,
             scenario=scenario,
             lane=lane,
             sampling=sampling,
             prompt_token_ids=plan.token_ids,
         )
         text, result, error = await self._generate(request, reply, record)
+        # End-to-end time, measured once: from the adapter taking the event to the answer complete.
+        record.e2e_ms = (time.perf_counter() - message.received_perf) * 1000
         answer = FinalAnswer(
-            request_id=request_id,
+            request_id=message.request_id,
             text=error or text,
             sources=list(bundle.notes) if bundle else [],
             left_out=plan.left_out,
             ttft_ms=result.ttft_ms if result else None,
             tpot_ms=result.tpot_ms if result else None,
-            total_ms=(time.perf_counter() - started) * 1000,
+            total_ms=record.e2e_ms,
             output_tokens=result.output_tokens if result else None,
             error=error,
             feedback=error is None,
@@ -274,19 +325,18 @@ class Pipeline:
         post_started = time.perf_counter()
         try:
             await reply.finish(answer)
-        except ReplyDeliveryError as exc:
+        except PlatformError as exc:
             metrics.REPLIES_FAILED.labels(message.platform).inc()
-            logger.error("request %s: reply could not be posted: %s", request_id, exc, extra=log)
-            record.status, record.error = "error", f"post: {exc}"[:500]
+            logger.error("request %s: reply could not be posted: %s", message.request_id, exc)
+            record.status, record.error = exc.request_status, f"post: {exc}"[:500]
         record.post_ms = (time.perf_counter() - post_started) * 1000
 
         thread = (message.platform, message.channel, reply.thread_id)
         await self.store.append_message(
-            *thread, "user", message.text, user=message.user, request_id=request_id
+            *thread, "user", message.text, user=message.user, request_id=message.request_id
         )
         if error is None:
-            await self.store.append_message(*thread, "assistant", answer.text, request_id=request_id)
-        await self._finish_record(record, started)
+            await self.store.append_message(*thread, "assistant", answer.text, request_id=message.request_id)
 
     async def _gather(
         self, message: IncomingMessage, thread_id: str, scenario: str
@@ -313,28 +363,31 @@ class Pipeline:
     async def _generate(
         self, request: GenerationRequest, reply: ReplyStream, record: RequestRecord
     ) -> tuple[str, GenerationResult | None, str | None]:
-        """Run the engine stream into ``reply``; returns (text, result, user-facing error)."""
+        """Run the engine stream into ``reply``; returns (text, result, user-facing error).
+
+        The request deadline is the engine layer's (``AdmittedEngine``): it raises
+        :class:`RequestTimeoutError`, mapped here like every other branch of the engine's tree.
+        """
         text = ""
         result: GenerationResult | None = None
         error: str | None = None
         last_update = 0.0
         stream = self.engine.generate(request)
         try:
-            async with asyncio.timeout(self.config.request_timeout_s):
-                async for event in stream:
-                    if isinstance(event, TextDelta):
-                        text += event.text
-                        now = time.perf_counter()
-                        if now - last_update >= _UPDATE_EVERY_S:
-                            last_update = now
-                            await reply.update(redact(text))
-                    elif isinstance(event, GenerationResult):
-                        result = event
-        except TimeoutError:
-            record.status = "aborted"
-            error = TIMEOUT_TEXT.format(seconds=self.config.request_timeout_s)
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    text += event.text
+                    now = time.perf_counter()
+                    if now - last_update >= _UPDATE_EVERY_S:
+                        last_update = now
+                        await reply.update(redact(text))
+                elif isinstance(event, GenerationResult):
+                    result = event
+        except RequestTimeoutError as exc:
+            record.status = "timeout"
+            error = TIMEOUT_TEXT.format(seconds=exc.seconds)
         except EngineDeadError as exc:
-            record.status = "error"
+            record.status = "engine_dead"
             error = ENGINE_DEAD_TEXT
             record.error = f"engine dead: {exc}"[:500]
         except EngineOverloadedError as exc:
@@ -360,22 +413,31 @@ class Pipeline:
             record.queue_ms = result.queue_ms
             record.ttft_ms = result.ttft_ms
             record.tpot_ms = result.tpot_ms
-            self._observe(request, result)
         return redact(text), result, error
 
-    def _observe(self, request: GenerationRequest, result: GenerationResult) -> None:
-        lane = request.lane.value
-        metrics.QUEUE.labels(lane).observe(result.queue_ms / 1000)
-        if result.ttft_ms is not None:
-            metrics.TTFT.labels(request.scenario, lane).observe(result.ttft_ms / 1000)
-        if result.tpot_ms is not None:
-            metrics.TPOT.labels(request.scenario).observe(result.tpot_ms / 1000)
-        metrics.E2E.labels(request.scenario, lane).observe(result.e2e_ms / 1000)
-        if result.prompt_tokens:
-            metrics.CACHED_PROMPT_FRACTION.observe(result.cached_tokens / result.prompt_tokens)
-
-    async def _finish_record(self, record: RequestRecord, started: float) -> None:
-        record.e2e_ms = (time.perf_counter() - started) * 1000
+    async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
+        if record.e2e_ms is None:  # ended before an answer was complete: time to the failure
+            record.e2e_ms = (time.perf_counter() - message.received_perf) * 1000
         record.finished_at = datetime.now(UTC)
-        metrics.REQUESTS.labels(record.platform, record.scenario, record.lane, record.status).inc()
+        self._observe(record)
         await self.store.record_request(record)
+
+    @staticmethod
+    def _observe(record: RequestRecord) -> None:
+        metrics.REQUESTS.labels(record.platform, record.scenario, record.lane, record.status).inc()
+        if record.queue_ms is not None:
+            metrics.QUEUE.labels(record.lane).observe(record.queue_ms / 1000)
+        if record.ttft_ms is not None:
+            metrics.TTFT.labels(record.scenario, record.lane).observe(record.ttft_ms / 1000)
+        if record.tpot_ms is not None:
+            metrics.TPOT.labels(record.scenario).observe(record.tpot_ms / 1000)
+        if record.e2e_ms is not None:
+            metrics.E2E.labels(record.scenario, record.lane).observe(record.e2e_ms / 1000)
+        if record.prompt_tokens and record.status == "ok":
+            metrics.CACHED_PROMPT_FRACTION.observe(record.cached_tokens / record.prompt_tokens)
+
+
+def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:
+    """``message`` pointed at the thread its answer lives in (for a note after the answer began)."""
+    message.thread_id = reply.thread_id
+    return message

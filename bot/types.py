@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -44,7 +46,14 @@ class IncomingMessage:
     team: str | None = None
     scenario: str | None = None
     """Force a scenario (``None``: the pipeline picks one from ``kind`` and the text)."""
+    is_direct: bool = False
+    """Asked in a direct message (DM) rather than a channel (the access policy treats DMs apart)."""
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    """opsbot's id for the answer to this message: set where the event enters, on every log line
+    of its handling, in its request row and its footer."""
     received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    received_perf: float = field(default_factory=time.perf_counter)
+    """``time.perf_counter()`` when the adapter took the event: where end-to-end time starts."""
     extra: dict[str, object] = field(default_factory=dict)
     """Adapter-private data (response URLs, trigger ids, ...)."""
 

@@ -20,6 +20,10 @@ running. The bot knows which requests are urgent, so it paces what it hands the 
 Nothing already admitted is ever aborted or requeued: no work is lost, it only starts later.
 Queues are bounded per lane; a full queue or a wait past ``queue_timeout_s`` raises
 :class:`EngineOverloadedError`.
+
+:class:`AdmittedEngine` is also the one layer that enforces the request deadline
+(``engine.request_timeout_s``), for every backend alike: a generation still running that long
+after its admission is aborted in the inner engine and fails with :class:`RequestTimeoutError`.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass, replace
 
+from inference.config import AdmissionConfig
 from inference.engine import (
     ChatMessage,
     ChatTokenizer,
@@ -45,54 +49,13 @@ from inference.engine import (
     GenerationResult,
     Lane,
     RequestAbortedError,
+    RequestTimeoutError,
 )
 
 logger = logging.getLogger(__name__)
 
 LANE_ORDER: tuple[Lane, ...] = (Lane.URGENT, Lane.NORMAL, Lane.BACKGROUND)
 """Lanes in the order free capacity is offered to them."""
-
-
-def _lane_map(values: Mapping[Lane, int | None]) -> Mapping[Lane, int | None]:
-    return MappingProxyType({Lane(k): v for k, v in values.items()})
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionConfig:
-    """Limits per lane. Lanes missing from a mapping are unlimited there."""
-
-    max_in_flight: Mapping[Lane, int | None] = field(
-        default_factory=lambda: _lane_map({Lane.URGENT: 64, Lane.NORMAL: 56, Lane.BACKGROUND: 56})
-    )
-    """Most requests of each lane inside the engine at once (admitted, not finished). Keep the
-    background value below the engine's ``max_num_seqs`` so urgent requests find a free batch slot."""
-    max_prefilling: Mapping[Lane, int | None] = field(
-        default_factory=lambda: _lane_map({Lane.NORMAL: 8, Lane.BACKGROUND: 8})
-    )
-    """Most requests of each lane admitted but still before their first token (in prefill).
-    Small values for the lower lanes keep every engine step short, which is what bounds the
-    wait of an urgent request that arrives mid-burst."""
-    background_max_in_flight_when_urgent: int | None = None
-    """While urgent work waits here or runs, background requests are admitted only below this
-    many in flight; ``None`` leaves the background lane's normal limit in force."""
-    hold_background_while_urgent_prefills: bool = True
-    """Admit no background request while an urgent one waits here or has not had its first token."""
-    max_queue: Mapping[Lane, int | None] = field(
-        default_factory=lambda: _lane_map({Lane.URGENT: 1000, Lane.NORMAL: 1000, Lane.BACKGROUND: 1000})
-    )
-    """Most requests waiting per lane; one more is refused at once with :class:`EngineOverloadedError`."""
-    queue_timeout_s: float = 120.0
-    """A request waiting longer than this for admission fails with :class:`EngineOverloadedError`."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_in_flight", "max_prefilling", "max_queue"):
-            values = getattr(self, name)
-            for lane, limit in values.items():
-                if limit is not None and limit < (0 if name == "max_queue" else 1):
-                    raise ValueError(f"admission {name}[{lane}] must be at least 1 (or unset), got {limit}")
-            object.__setattr__(self, name, _lane_map(values))
-        if self.queue_timeout_s <= 0:
-            raise ValueError("admission queue_timeout_s must be positive")
 
 
 QueueListener = Callable[[Mapping[Lane, int], Mapping[Lane, int]], None]
@@ -293,11 +256,12 @@ class AdmissionController:
 
 
 class AdmittedEngine(Engine):
-    """Any :class:`Engine` behind an :class:`AdmissionController`.
+    """Any :class:`Engine` behind an :class:`AdmissionController` and the request deadline.
 
     ``generate`` waits for admission in the request's lane, then streams from the inner engine
-    (which maps the lane to a vLLM priority itself). The admission wait is added to the
-    result's ``queue_ms``, ``ttft_ms`` and ``e2e_ms``, which count from this ``generate`` call.
+    (which maps the lane to a vLLM priority itself) until ``request_timeout_s`` after admission.
+    The admission wait is added to the result's ``queue_ms``, ``ttft_ms`` and ``e2e_ms``, which
+    count from this ``generate`` call.
     """
 
     def __init__(
@@ -305,10 +269,12 @@ class AdmittedEngine(Engine):
         inner: Engine,
         config: AdmissionConfig | None = None,
         *,
+        request_timeout_s: float | None = None,
         on_queue_change: QueueListener | None = None,
     ) -> None:
         self.inner = inner
         self.controller = AdmissionController(config, on_change=on_queue_change)
+        self.request_timeout_s = request_timeout_s
         self.backend = inner.backend
 
     async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
@@ -330,8 +296,23 @@ class AdmittedEngine(Engine):
                 )
             offset_ms = (time.perf_counter() - t0) * 1e3
             stream = self.inner.generate(request)
+            timeout = self.request_timeout_s
+            deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
             try:
-                async for event in stream:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            event = await anext(stream)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        assert timeout is not None
+                        logger.warning(
+                            "request %s aborted: still running %.0f s after admission",
+                            request.request_id,
+                            timeout,
+                        )
+                        raise RequestTimeoutError(request.request_id, timeout) from None
                     ticket.first_token()
                     if isinstance(event, GenerationResult):
                         event = replace(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.config import EngineConfig
 from inference.engine import (
     ChatMessage,
     Engine,
@@ -50,33 +51,6 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-@dataclass(frozen=True, slots=True)
-class CpuEngineConfig:
-    """Settings of :class:`CpuEngine` (built by the bot from ``EngineSettings``)."""
-
-    model: str
-    """Local folder or Hugging Face id of a causal LM whose tokenizer has a chat template."""
-    tokenizer: str | None = None
-    """Tokenizer folder or id when it differs from ``model``."""
-    dtype: str = "auto"
-    """``auto`` (float32: fastest and exact on most CPUs), ``float32``, ``bfloat16`` or ``float16``."""
-    threads: int | None = None
-    """torch intra-op threads (process-wide); ``None`` keeps torch's default."""
-    max_concurrency: int = 4
-    """Requests decoded at once, each in its own worker thread."""
-    revision: str | None = None
-    """Hugging Face revision (branch, tag or commit) of ``model``."""
-    trust_remote_code: bool = False
-    """Allow model code shipped with the model (only for models you trust)."""
-    request_timeout_s: float = 300.0
-    """A request decoding longer than this is aborted (``RequestAbortedError``)."""
-    seed: int = 0
-    """Seeds requests that carry no seed of their own (reproducible runs of the whole engine)."""
-    max_model_len: int | None = None
-    """Context window (prompt + answer) in tokens, capped at the model's ``max_position_embeddings``;
-    ``None``: that model limit."""
 
 
 # Items a worker posts to a request's queue besides TextDelta / GenerationResult.
@@ -126,12 +100,16 @@ class CpuEngine(Engine):
 
     backend = "cpu"
 
-    def __init__(self, config: CpuEngineConfig) -> None:
-        if config.max_concurrency < 1:
-            raise ValueError("max_concurrency must be at least 1")
+    def __init__(self, config: EngineConfig) -> None:
+        """``config`` is the one engine configuration; this engine reads ``model``, ``tokenizer``,
+        ``revision``, ``trust_remote_code``, ``dtype``, ``cpu_threads``, ``cpu_max_concurrency``,
+        ``seed`` and ``max_model_len`` (capped at the model's ``max_position_embeddings``)."""
+        if config.cpu_max_concurrency < 1:
+            raise ValueError("cpu_max_concurrency must be at least 1")
         if config.dtype not in _DTYPES:
             raise ValueError(f"dtype {config.dtype!r} is not one of {', '.join(_DTYPES)}")
         self.config = config
+        self.model = config.require_model()
         self._model: Any = None
         self._tokenizer: HFChatTokenizer | None = None
         self._eos_ids: frozenset[int] = frozenset()
@@ -169,20 +147,18 @@ class CpuEngine(Engine):
             raise
         except Exception as exc:
             self._state, self._failure = "failed", f"{type(exc).__name__}: {exc}"
-            raise EngineStartupError(
-                f"loading {self.config.model!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise EngineStartupError(f"loading {self.model!r} failed: {type(exc).__name__}: {exc}") from exc
         if self._state != "loading":  # shutdown() was called while the model loaded
             self._model = None
             raise EngineStartupError("the CPU engine was shut down while it was starting")
-        self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="opsbot-cpu")
+        self._executor = ThreadPoolExecutor(self.config.cpu_max_concurrency, thread_name_prefix="opsbot-cpu")
         self._state = "ready"
         logger.info(
             "CPU engine ready: model=%s dtype=%s threads=%s workers=%d context=%d in %.1f s",
-            self.config.model,
+            self.model,
             self._model.dtype,
-            self.config.threads or "default",
-            self.config.max_concurrency,
+            self.config.cpu_threads or "default",
+            self.config.cpu_max_concurrency,
             self._context_len,
             time.perf_counter() - started,
         )
@@ -191,9 +167,9 @@ class CpuEngine(Engine):
         import torch
 
         cfg = self.config
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        model_dir = _local_dir(cfg.model, "engine.model")
+        if cfg.cpu_threads is not None:
+            torch.set_num_threads(cfg.cpu_threads)
+        model_dir = _local_dir(self.model, "engine.model")
         tok_dir = _local_dir(cfg.tokenizer, "engine.tokenizer") if cfg.tokenizer else model_dir
         if model_dir is not None and not (model_dir / "config.json").is_file():
             raise EngineStartupError(
@@ -206,8 +182,8 @@ class CpuEngine(Engine):
                 f"{tok_dir} holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}). Fix: copy the model's "
                 "tokenizer files there, or set engine.tokenizer to the folder or id that has them"
             )
-        model_ref = str(model_dir) if model_dir is not None else cfg.model
-        tok_ref = str(tok_dir) if tok_dir is not None else (cfg.tokenizer or cfg.model)
+        model_ref = str(model_dir) if model_dir is not None else self.model
+        tok_ref = str(tok_dir) if tok_dir is not None else (cfg.tokenizer or self.model)
         logger.info("CPU engine loading config and tokenizer of %s", model_ref)
         hf_config = _load_config(model_ref, cfg)
         try:
@@ -298,7 +274,7 @@ class CpuEngine(Engine):
         """Ready only between a successful ``start`` and ``shutdown``."""
         reasons = {
             "new": "the CPU engine is not started",
-            "loading": f"loading model {self.config.model}",
+            "loading": f"loading model {self.model}",
             "failed": f"the CPU engine failed to start: {self._failure}",
             "stopping": "the CPU engine is shutting down",
             "stopped": "the CPU engine is shut down",
@@ -319,7 +295,7 @@ class CpuEngine(Engine):
                 bucket[req.request.lane.value] = bucket.get(req.request.lane.value, 0) + 1
         return EngineStats(
             backend=self.backend,
-            model=self.config.model,
+            model=self.model,
             running=sum(running.values()),
             waiting=sum(waiting.values()),
             running_by_lane=running,
@@ -443,7 +419,6 @@ class CpuEngine(Engine):
         first: float | None = None
         last = req.started
         finish_reason = "length"
-        deadline = req.started + self.config.request_timeout_s
         cache_kw, extra = self._cache_kwarg, self._forward_extra
         penalise = sampling.repetition_penalty != 1.0
         with torch.inference_mode():
@@ -471,10 +446,6 @@ class CpuEngine(Engine):
                         len(output),
                         req.cancel_reason,
                     )
-                    return
-                if last > deadline:
-                    req.abort(f"timed out after {self.config.request_timeout_s:g} s")
-                    req.post(_Failure(RequestAbortedError(f"request {req.request_id} {req.cancel_reason}")))
                     return
                 if len(output) >= budget:
                     break
@@ -677,7 +648,7 @@ def _local_dir(ref: str, key: str) -> Path | None:
     return None
 
 
-def _load_config(model_ref: str, cfg: CpuEngineConfig) -> Any:
+def _load_config(model_ref: str, cfg: EngineConfig) -> Any:
     from transformers import AutoConfig
 
     try:
@@ -697,7 +668,7 @@ def _load_config(model_ref: str, cfg: CpuEngineConfig) -> Any:
         ) from exc
 
 
-def _load_model(model_ref: str, hf_config: Any, cfg: CpuEngineConfig) -> Any:
+def _load_model(model_ref: str, hf_config: Any, cfg: EngineConfig) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -744,4 +715,4 @@ def _model_type(model_ref: str) -> str:
     return str(raw.get("model_type", "?")) if isinstance(raw, dict) else "?"
 
 
-__all__ = ["CpuEngine", "CpuEngineConfig"]
+__all__ = ["CpuEngine"]

@@ -10,7 +10,8 @@ Errors form a small tree::
     ├── EngineStartupError     start() failed: the message names the cause and the fix
     ├── EngineGenerateError    one request failed; tell its user, carry on
     │   ├── EngineOverloadedError   admission refused (lane queue full / timed out)
-    │   └── RequestAbortedError     aborted (user gone, shutdown, timeout)
+    │   └── RequestAbortedError     aborted (user gone, shutdown)
+    │       └── RequestTimeoutError     ran past its deadline (``engine.request_timeout_s``)
     └── EngineDeadError        the engine is gone: readiness flips, every waiter is told
 """
 
@@ -158,6 +159,17 @@ class EngineOverloadedError(EngineGenerateError):
 
 class RequestAbortedError(EngineGenerateError):
     """The request was aborted before it finished (user gone, shutdown, timeout)."""
+
+
+class RequestTimeoutError(RequestAbortedError):
+    """The request ran longer than its deadline and was aborted (the one place that enforces
+    ``engine.request_timeout_s`` is :class:`inference.admission.AdmittedEngine`)."""
+
+    def __init__(self, request_id: str, seconds: float) -> None:
+        super().__init__(
+            f"request {request_id} timed out: the answer took longer than {seconds:g} s and was stopped"
+        )
+        self.seconds = seconds
 
 
 class EngineDeadError(EngineError):

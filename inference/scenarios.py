@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from inference.engine import Lane, SamplingSettings
+from inference.engine import SamplingSettings
 
 ALERT_SUMMARY = "alert_summary"
 ROOT_CAUSE = "root_cause"
@@ -23,13 +23,6 @@ DEFAULT_PRESETS: dict[str, SamplingSettings] = {
     CHANGE_REVIEW: SamplingSettings(temperature=0.2, top_p=0.9, max_tokens=256, repetition_penalty=1.05),
     # Follow-ups and plain questions: conversational, a little more room than a summary.
     CHAT: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=384, repetition_penalty=1.05),
-}
-
-DEFAULT_LANES: dict[str, Lane] = {
-    ALERT_SUMMARY: Lane.URGENT,
-    ROOT_CAUSE: Lane.URGENT,
-    CHANGE_REVIEW: Lane.NORMAL,
-    CHAT: Lane.NORMAL,
 }
 
 

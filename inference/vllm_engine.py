@@ -12,8 +12,9 @@ What this adds on top of ``AsyncLLM``:
   bot counts for its budget) and sent as ``TokensPrompt``; output is ``RequestOutputKind.DELTA``.
 - **A warm prefix cache.** ``start(warmup_messages)`` runs the shared system prompt once, so every
   later request finds its KV blocks cached (``cached_tokens`` in each result shows it).
-- **Failure semantics.** A consumer that goes away (``aclose``, cancellation, ``request_timeout_s``)
-  aborts the request in vLLM; a per-request error fails only that request; a dead engine flips
+- **Failure semantics.** A consumer that goes away (``aclose``, cancellation, the admission
+  layer's request deadline) aborts the request in vLLM; a per-request error fails only that
+  request; a dead engine flips
   :meth:`health`, fails every waiting request with :class:`EngineDeadError`, then restarts
   in-process or calls ``on_fatal`` (default: exit the process with :data:`EXIT_ENGINE_DEAD`).
 - **Stats** from a custom ``StatLoggerBase`` (KV-cache usage, running / waiting, prefix-cache hit
@@ -31,10 +32,10 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from inference.config import EngineConfig
 from inference.engine import (
     ChatMessage,
     ChatTokenizer,
@@ -54,6 +55,10 @@ from inference.engine import (
 from inference.quant import QuantizationError, QuantizationInfo, check_gpu_support, resolve_quantization
 from inference.tokenization import HFChatTokenizer
 
+if TYPE_CHECKING:  # vLLM is imported lazily at run time; these names only type the calls
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 logger = logging.getLogger(__name__)
 
 EXIT_ENGINE_DEAD = 70
@@ -63,77 +68,16 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 _GIB = 1024**3
 
 
-@dataclass(frozen=True, slots=True)
-class VllmEngineConfig:
-    """Every ``AsyncLLM`` argument opsbot sets, with the defaults the product runs with."""
-
-    model: str
-    """Local model folder or Hugging Face id."""
-    tokenizer: str | None = None
-    """Tokenizer folder or id when it differs from ``model``."""
-    revision: str | None = None
-    """Hugging Face revision of ``model``."""
-    trust_remote_code: bool = False
-    """Allow model code shipped with the checkpoint."""
-    dtype: str = "auto"
-    """Weights and activations: ``auto`` (the checkpoint's), ``bfloat16``, ``float16``."""
-    quantization: str | None = None
-    """Override the detected quantization (``None``: what the folder says); ``fp8`` on a bf16
-    checkpoint quantizes online (Hopper / Ada)."""
-    kv_cache_dtype: str = "auto"
-    """``auto`` or ``fp8`` (twice the KV-cache capacity at a small accuracy cost)."""
-    load_format: str = "auto"
-    """``auto``, ``safetensors``, or ``dummy`` (random weights: benchmarks and GPU tests)."""
-    gpu_memory_utilization: float = 0.90
-    """Fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
-    max_model_len: int = 4096
-    """Context window in tokens (prompt + answer)."""
-    max_num_seqs: int = 64
-    """Requests decoded together (set explicitly: ``AsyncLLM``'s default is smaller than serve's)."""
-    max_num_batched_tokens: int | None = 8192
-    """Tokens per scheduler step (chunked-prefill budget); ``None`` keeps vLLM's default."""
-    block_size: int = 16
-    """PagedAttention block size in tokens (also the prefix-cache granularity)."""
-    enable_prefix_caching: bool = True
-    """Reuse KV blocks of identical prompt prefixes: the shared system prompt is computed once."""
-    tensor_parallel_size: int = 1
-    """GPUs the model is split across."""
-    enforce_eager: bool = False
-    """No CUDA graphs / torch.compile: starts faster, decodes slower."""
-    compilation_level: int | None = None
-    """vLLM compilation mode 0-3 (``compilation_config.mode``); ``None`` keeps vLLM's default (3)."""
-    seed: int = 0
-    """Engine random seed."""
-    scheduling_policy: Literal["fcfs", "priority"] = "priority"
-    """``priority``: lanes map to vLLM priorities (urgent 0, normal 5, background 10)."""
-    log_stats: bool = True
-    """vLLM's own stat loggers: periodic throughput log lines and ``vllm:*`` Prometheus metrics.
-    opsbot's stats (for :meth:`VllmEngine.stats`) are collected either way."""
-    request_timeout_s: float | None = 300.0
-    """A request still streaming after this many seconds is aborted."""
-    on_dead: Literal["restart", "exit"] = "restart"
-    """When the engine dies: start a new one in-process, or give up at once (``on_fatal``)."""
-    max_restarts: int = 3
-    """In-process restarts allowed over the engine's life before giving up."""
-    start_in_thread: bool = True
-    """Build ``AsyncLLM`` (tens of seconds) in a worker thread so the event loop keeps serving
-    health checks and chat acks while the engine starts or restarts."""
-    warmup_messages: tuple[ChatMessage, ...] = ()
-    """Messages run once at start to fill the prefix cache (the shared system prompt); the
-    ``warmup_messages`` argument of :meth:`VllmEngine.start` wins when given."""
-    extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
-    """Further ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
-
-
 def is_local_model(model: str) -> bool:
     """Whether ``model`` names a folder (existing, or written like a path) rather than a hub id."""
     return Path(model).expanduser().exists() or model.startswith(("/", ".", "~"))
 
 
-def engine_args_kwargs(config: VllmEngineConfig, quantization: str | None = None) -> dict[str, Any]:
+def engine_args_kwargs(config: EngineConfig, quantization: str | None = None) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for ``config`` (the benchmark builds raw vLLM from it too)."""
+    model = config.require_model()
     # Absolute: vLLM's compile-cache key includes the path as written.
-    model = str(Path(config.model).expanduser().resolve()) if is_local_model(config.model) else config.model
+    model = str(Path(model).expanduser().resolve()) if is_local_model(model) else model
     kwargs: dict[str, Any] = {
         "model": model,
         "tokenizer": config.tokenizer,
@@ -235,7 +179,7 @@ class _Heartbeat:
         self._stop.set()
 
 
-def _startup_error(exc: BaseException, config: VllmEngineConfig) -> EngineStartupError:
+def _startup_error(exc: BaseException, config: EngineConfig) -> EngineStartupError:
     """Translate what vLLM raised while starting into cause + fix."""
     text = f"{type(exc).__name__}: {exc}"
     low = text.lower()
@@ -282,19 +226,23 @@ class VllmEngine(Engine):
 
     def __init__(
         self,
-        config: VllmEngineConfig,
+        config: EngineConfig,
         *,
         on_dead: Callable[[str], None] | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        start_in_thread: bool = True,
     ) -> None:
         """``on_dead(reason)`` is called whenever the engine dies (before any restart);
         ``on_fatal(reason)`` when no restart is left or ``config.on_dead`` is ``exit``: the bot
         should shut down and exit non-zero. Without ``on_fatal`` the process exits with
-        :data:`EXIT_ENGINE_DEAD`."""
+        :data:`EXIT_ENGINE_DEAD`. ``start_in_thread`` builds ``AsyncLLM`` (tens of seconds) in a
+        worker thread so the event loop keeps serving health checks and chat acks meanwhile."""
         self.config = config
+        self.model = config.require_model()
         self._on_dead_hook = on_dead
         self._on_fatal = on_fatal
-        self._llm: Any = None
+        self._start_in_thread = start_in_thread
+        self._llm: AsyncLLM | None = None
         self._tokenizer: HFChatTokenizer | None = None
         self._state: Literal["new", "starting", "ready", "dead", "restarting", "stopping", "stopped"] = "new"
         self._reason = "not started"
@@ -305,13 +253,12 @@ class VllmEngine(Engine):
         self._restarts = 0
         self._watchdog: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
-        self._warmup: tuple[ChatMessage, ...] = tuple(config.warmup_messages)
+        self._warmup: tuple[ChatMessage, ...] = ()
         self.quantization: QuantizationInfo | None = None
         self.startup_s: float | None = None
         """Seconds the last start took (checks + vLLM + warm-up)."""
         self.warmup_prompt_tokens = 0
         """Tokens of the warm-up prompt (the shared system prompt) placed in the prefix cache."""
-        self._vllm: dict[str, Any] = {}
         self._quant_arg: str | None = None
 
     # --- startup -------------------------------------------------------------------------------
@@ -319,8 +266,8 @@ class VllmEngine(Engine):
     def _precheck(self) -> str | None:
         """Everything that can be checked before vLLM starts; returns the quantization to pass."""
         cfg = self.config
-        if is_local_model(cfg.model):
-            folder = Path(cfg.model).expanduser()
+        if is_local_model(self.model):
+            folder = Path(self.model).expanduser()
             if not folder.is_dir():
                 raise EngineStartupError(
                     f"model folder {folder} does not exist. Fix: set engine.model to a folder with "
@@ -362,7 +309,7 @@ class VllmEngine(Engine):
                 f"{torch.cuda.device_count()} GPU(s) are visible. Fix: lower tensor_parallel_size"
             )
         try:
-            info = resolve_quantization(cfg.model, cfg.quantization)
+            info = resolve_quantization(self.model, cfg.quantization)
         except QuantizationError as exc:
             raise EngineStartupError(str(exc)) from exc
         self.quantization = info
@@ -388,7 +335,7 @@ class VllmEngine(Engine):
             budget = cfg.gpu_memory_utilization * sum(g["total"] for g in gpus)
             if weights is not None and weights > 0.95 * budget:
                 raise EngineStartupError(
-                    f"the weights of {cfg.model} need about {weights / _GIB:.1f} GiB, more than the "
+                    f"the weights of {self.model} need about {weights / _GIB:.1f} GiB, more than the "
                     f"{budget / _GIB:.1f} GiB vLLM may use. Fix: use a quantized model (engine.quantization"
                     "=fp8, or an AWQ/GPTQ checkpoint), raise engine.tensor_parallel_size, or raise "
                     "engine.gpu_memory_utilization"
@@ -400,7 +347,7 @@ class VllmEngine(Engine):
             supported = set(ModelRegistry.get_supported_archs())
             if not any(a in supported for a in archs):
                 raise EngineStartupError(
-                    f"vLLM does not support the architecture {', '.join(archs)} of {cfg.model}. Fix: use a "
+                    f"vLLM does not support the architecture {', '.join(archs)} of {self.model}. Fix: use a "
                     "model vLLM supports (docs.vllm.ai 'Supported Models'), set engine.trust_remote_code "
                     "if the checkpoint ships its own vLLM-compatible code, or engine.backend=cpu"
                 )
@@ -443,7 +390,7 @@ class VllmEngine(Engine):
             with contextlib.suppress(Exception):
                 nvml.nvmlShutdown()
 
-    def _build_llm(self, quantization: str | None) -> Any:
+    def _build_llm(self, quantization: str | None) -> AsyncLLM:
         # The pre-checks touched CUDA in this process; a forked engine core could not use it.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -461,13 +408,13 @@ class VllmEngine(Engine):
         self._state = "starting"
         self._reason = "starting"
         t0 = time.perf_counter()
-        logger.info("vLLM engine: checking %s", self.config.model)
+        logger.info("vLLM engine: checking %s", self.model)
         try:
             quantization = await asyncio.to_thread(self._precheck)
             self._quant_arg = quantization
             self._tokenizer = await asyncio.to_thread(
                 HFChatTokenizer,
-                self.config.tokenizer or str(Path(self.config.model).expanduser()),
+                self.config.tokenizer or str(Path(self.model).expanduser()),
                 trust_remote_code=self.config.trust_remote_code,
             )
             await self._start_llm()
@@ -480,7 +427,7 @@ class VllmEngine(Engine):
         logger.info(
             "vLLM engine ready in %.1f s (model %s, %s, %d warm-up prompt tokens cached)",
             self.startup_s,
-            self.config.model,
+            self.model,
             self.quantization.describe() if self.quantization else "quantization unknown",
             self.warmup_prompt_tokens,
         )
@@ -489,16 +436,7 @@ class VllmEngine(Engine):
         """Build ``AsyncLLM`` and warm up; leaves the engine ready."""
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
-        from vllm.v1.engine.exceptions import EngineGenerateError as VllmGenerateError
 
-        self._vllm = {
-            "SamplingParams": SamplingParams,
-            "TokensPrompt": TokensPrompt,
-            "DELTA": RequestOutputKind.DELTA,
-            "DeadError": VllmDeadError,
-            "GenerateError": VllmGenerateError,
-        }
         t0 = time.perf_counter()
         logger.info(
             "vLLM engine: starting (weights, torch.compile, CUDA graphs, KV-cache sizing; first start "
@@ -506,7 +444,7 @@ class VllmEngine(Engine):
         )
         try:
             with _Heartbeat("vLLM engine still starting"):
-                if self.config.start_in_thread:
+                if self._start_in_thread:
                     self._llm = await asyncio.to_thread(self._build_llm, self._quant_arg)
                 else:
                     self._llm = self._build_llm(self._quant_arg)
@@ -523,13 +461,15 @@ class VllmEngine(Engine):
             ids = self._tokenizer.render([ChatMessage("user", "ping")])
         self.warmup_prompt_tokens = len(ids) if self._warmup else 0
         params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+        llm = self._llm
+        assert llm is not None
         try:
-            async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params, "opsbot-warmup"):
+            async for _ in llm.generate(TokensPrompt(prompt_token_ids=ids), params, "opsbot-warmup"):
                 pass
         except Exception as exc:
             self._state = "stopped"
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self._llm.shutdown)
+                await asyncio.to_thread(llm.shutdown)
             raise _startup_error(exc, self.config) from exc
         logger.info(
             "vLLM engine: warm-up done in %.0f ms (%d prompt tokens)",
@@ -541,14 +481,17 @@ class VllmEngine(Engine):
 
     # --- requests ------------------------------------------------------------------------------
 
-    def _sampling_params(self, s: SamplingSettings, prompt_len: int) -> Any:
+    def _sampling_params(self, s: SamplingSettings, prompt_len: int) -> SamplingParams:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
         room = self.config.max_model_len - prompt_len
         if room <= 0:
             raise EngineGenerateError(
                 f"the prompt is {prompt_len} tokens and the context window is {self.config.max_model_len}; "
                 "shorten the question or the context"
             )
-        return self._vllm["SamplingParams"](
+        return SamplingParams(
             temperature=s.temperature,
             top_p=s.top_p,
             max_tokens=min(s.max_tokens, room),
@@ -556,10 +499,10 @@ class VllmEngine(Engine):
             seed=s.seed,
             stop=list(s.stop) or None,
             ignore_eos=s.ignore_eos,
-            output_kind=self._vllm["DELTA"],
+            output_kind=RequestOutputKind.DELTA,
         )
 
-    def _check_ready(self) -> Any:
+    def _check_ready(self) -> AsyncLLM:
         if self._state == "ready" and self._llm is not None:
             return self._llm
         if self._state in ("dead", "restarting"):
@@ -571,6 +514,10 @@ class VllmEngine(Engine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Stream ``request`` (see :meth:`Engine.generate`). The first delta may be empty: it marks the
         first token (admission control uses it to end the request's prefill phase)."""
+        from vllm import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
+        from vllm.v1.engine.exceptions import EngineGenerateError as VllmGenerateError
+
         t0 = time.perf_counter()
         llm = self._check_ready()
         assert self._tokenizer is not None
@@ -582,8 +529,7 @@ class VllmEngine(Engine):
             ids = self._tokenizer.render(request.messages)
         params = self._sampling_params(request.sampling, len(ids))
         priority = request.lane.vllm_priority if self.config.scheduling_policy == "priority" else 0
-        prompt = self._vllm["TokensPrompt"](prompt_token_ids=ids)
-        dead_error, generate_error = self._vllm["DeadError"], self._vllm["GenerateError"]
+        prompt = TokensPrompt(prompt_token_ids=ids)
         self._active[rid] = t0
         self._idle.clear()
         t_submit = time.perf_counter()
@@ -595,17 +541,8 @@ class VllmEngine(Engine):
         finish: str | None = None
         metrics: Any = None
         finished = False
-        timeout = self.config.request_timeout_s
         try:
-            while True:
-                try:
-                    if timeout is None:
-                        out = await anext(stream)
-                    else:
-                        async with asyncio.timeout(max(0.0, t0 + timeout - time.perf_counter())):
-                            out = await anext(stream)
-                except StopAsyncIteration:
-                    break
+            async for out in stream:
                 if out.num_cached_tokens is not None:
                     cached = int(out.num_cached_tokens)
                 if out.metrics is not None:
@@ -625,25 +562,20 @@ class VllmEngine(Engine):
                 if out.finished:
                     finished = True
                     break
-        except TimeoutError:
-            logger.warning("request %s aborted: still running after %.0f s", rid, timeout)
-            raise RequestAbortedError(
-                f"the answer took longer than {timeout:.0f} s and was stopped"
-            ) from None
         except Exception as exc:
-            if isinstance(exc, dead_error):
+            if isinstance(exc, VllmDeadError):
                 self._engine_died(f"{type(exc).__name__}: {exc}")
                 raise EngineDeadError(
                     f"the model engine stopped while answering ({self._reason}); try again in a minute"
                 ) from exc
-            if isinstance(exc, (generate_error, ValueError)):
+            if isinstance(exc, VllmGenerateError | ValueError):
                 cause = exc.__cause__ or exc
                 logger.warning("request %s failed in vLLM: %s: %s", rid, type(cause).__name__, cause)
                 raise EngineGenerateError(f"the model engine could not answer: {cause}") from exc
             raise
         finally:
             if not finished:
-                # Consumer gone, timeout or error: closing vLLM's generator aborts the request there.
+                # Consumer gone, deadline or error: closing vLLM's generator aborts the request there.
                 with contextlib.suppress(Exception):
                     await stream.aclose()
             self._active.pop(rid, None)
@@ -777,7 +709,7 @@ class VllmEngine(Engine):
         sink = self._sink
         return EngineStats(
             backend=self.backend,
-            model=self.config.model,
+            model=self.model,
             running=sink.running,
             waiting=sink.waiting,
             kv_cache_usage=sink.kv_cache_usage,

@@ -1,23 +1,31 @@
 """The chat seam: ``ChatAdapter`` (connect, listen, reply) and ``ReplyStream`` (one streamed answer).
 
-An adapter verifies, de-duplicates (through the pipeline's store), acknowledges fast and hands a
-normalised :class:`~bot.types.IncomingMessage` to the handler it was started with. To answer,
-the pipeline opens a :class:`ReplyStream` (placeholder posted at once), pushes the growing text
-(the stream throttles edits to the platform's limits) and finishes with a
+An adapter verifies, acknowledges fast, normalises each event to a
+:class:`~bot.types.IncomingMessage` and hands it to the pipeline's ``submit`` (the
+:data:`MessageSink` it was started with), which owns it from then on: claim, access policy,
+answer. To answer, the pipeline opens a :class:`ReplyStream` (placeholder posted at once), pushes
+the growing text (the stream throttles edits to the platform's limits) and finishes with a
 :class:`~bot.types.FinalAnswer` (split to size, footer, feedback buttons).
+
+Shutdown has two steps so answers in flight can still post: :meth:`ChatAdapter.stop` stops taking
+messages, the pipeline drains, then :meth:`ChatAdapter.close` releases the connections. Failed
+platform calls raise :mod:`bot.errors`' ``PlatformError`` branches.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Callable
 
 from aiohttp import web
 
+from bot.access import AccessPolicy
 from bot.types import FinalAnswer, IncomingMessage
 
-MessageHandler = Callable[[IncomingMessage], Awaitable[None]]
-"""What an adapter calls for every accepted message; it returns once the answer is delivered."""
+MessageSink = Callable[[IncomingMessage], "asyncio.Task[None]"]
+"""``pipeline.submit`` bound to an adapter: takes an accepted message and returns the task that
+answers it (the terminal awaits it; platforms do not)."""
 
 
 class ReplyStream(abc.ABC):
@@ -41,14 +49,20 @@ class ChatAdapter(abc.ABC):
     """A chat platform connection (Slack, Mattermost, terminal)."""
 
     platform: str = "abstract"
+    access: AccessPolicy | None = None
+    """Who may ask on this platform (``None``: everyone, as in the terminal)."""
 
     @abc.abstractmethod
-    async def start(self, handler: MessageHandler) -> None:
-        """Connect and begin delivering messages to ``handler``; returns once listening."""
+    async def start(self, submit: MessageSink) -> None:
+        """Connect and begin handing accepted messages to ``submit``; returns once listening."""
 
     @abc.abstractmethod
     async def stop(self) -> None:
-        """Disconnect; pending replies are flushed first where the platform allows."""
+        """Stop taking new messages; answers in flight may still post until :meth:`close`."""
+
+    async def close(self) -> None:
+        """Release the platform connections (after the pipeline drained); default: nothing to do."""
+        return None
 
     @abc.abstractmethod
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:

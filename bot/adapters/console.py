@@ -15,7 +15,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.adapters.streaming import format_footer_line
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
@@ -65,16 +65,18 @@ class ConsoleAdapter(ChatAdapter):
         self._in = stdin or sys.stdin
         self._out = stdout or sys.stdout
         self._console = Console(file=self._out, highlight=False)
-        self._handler: MessageHandler | None = None
+        self._submit: MessageSink | None = None
         self.session = uuid.uuid4().hex[:12]
         self.user = getpass.getuser()
         self._asked = 0
 
-    async def start(self, handler: MessageHandler) -> None:
-        self._handler = handler
+    async def start(self, submit: MessageSink) -> None:
+        """Take lines from :meth:`repl` once it runs."""
+        self._submit = submit
 
     async def stop(self) -> None:
-        self._handler = None
+        """Stop taking lines."""
+        self._submit = None
 
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:
         return ConsoleReply(self._out, self._console, message.thread_id or self.session)
@@ -88,7 +90,7 @@ class ConsoleAdapter(ChatAdapter):
 
     async def repl(self) -> None:
         """Answer lines until end of input or ``/quit``; each answer completes before the next prompt."""
-        if self._handler is None:
+        if self._submit is None:
             raise RuntimeError("ConsoleAdapter.start() must be called before repl()")
         interactive = self._in.isatty()
         while True:
@@ -103,7 +105,7 @@ class ConsoleAdapter(ChatAdapter):
                 continue
             if text in QUIT_WORDS:
                 break
-            await self._handler(self.to_message(text))
+            await self._submit(self.to_message(text))  # one answer at a time, as in a thread
 
     def to_message(self, text: str) -> IncomingMessage:
         """A typed line as an ``IncomingMessage`` of this session's thread."""

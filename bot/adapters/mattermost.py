@@ -10,13 +10,16 @@ or jitter, gives no hook to catch up after a reconnect, and loops forever on a f
 authentication.
 
 Never lose a post: the reader reconnects when the socket closes or stays silent longer than
-``websocket_silence_s`` (it pings every third of that, so a healthy idle socket always has
-pong frames), with exponential backoff and jitter. After every (re)connect it fetches, per
-watched channel, every post created since the last one it saw (``GET /channels/{id}/posts?since=``)
-and handles the ones not yet processed. Duplicates (a post seen live and in the catch-up, a
-second replica) are dropped by post id: locally for cheapness, and for good by the pipeline's
-``store.claim_event`` (``IncomingMessage.event_id`` is the post id). The first connect also
-looks back a minute, so mentions made while opsbot restarted are answered too.
+``websocket_silence_s`` (it pings every third of that, so a healthy idle socket always has pong
+frames), with backoff and jitter under ``mattermost.reconnect`` (:mod:`bot.retry`). After every
+(re)connect it fetches, per watched channel, every post created since the last one it saw (``GET
+/channels/{id}/posts?since=``) and handles the ones not yet processed. Duplicates (a post seen live
+and in the catch-up, a second replica) are dropped by post id: locally for cheapness, and for good
+by the pipeline's ``store.claim_event`` (``IncomingMessage.event_id`` is the post id). The first
+connect also looks back a minute, so mentions made while opsbot restarted are answered too.
+
+Every accepted post or command is handed to the pipeline (``submit``), which owns it until it is
+answered; who may ask is :mod:`bot.access`'s rule, the same as on Slack.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import hashlib
 import hmac
 import json
 import logging
-import random
 import re
 import time
 import uuid
@@ -37,17 +39,21 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.access import AccessPolicy
+from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.adapters.mattermost_rest import (
     DEFAULT_MAX_POST_SIZE,
     PLATFORM,
     MattermostAPIError,
     MattermostRest,
+    mattermost_error,
     ssl_context,
 )
-from bot.adapters.streaming import ChannelPacer, ReplyDeliveryError, StreamingReply, format_footer_line
+from bot.adapters.streaming import ChannelPacer, StreamingReply, format_footer_line, split_text
 from bot.config import MattermostSettings
+from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
+from bot.retry import RetryBudget
 from bot.store import Store
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
@@ -93,24 +99,18 @@ class MattermostReply(StreamingReply):
 
     async def _post(self, text: str, final: FinalAnswer | None) -> str:
         message, props = self._render(text, final)
-        try:
-            post = await self._adapter.rest.create_post(
-                self.channel,
-                message,
-                root_id=self.thread_id,
-                props=props,
-                pending_post_id=self._adapter.pending_post_id(),
-            )
-        except MattermostAPIError as exc:
-            raise ReplyDeliveryError(str(exc)) from exc
+        post = await self._adapter.rest.create_post(
+            self.channel,
+            message,
+            root_id=self.thread_id,
+            props=props,
+            pending_post_id=self._adapter.pending_post_id(),
+        )
         return str(post["id"])
 
     async def _edit(self, message_id: str, text: str, final: FinalAnswer | None) -> None:
         message, props = self._render(text, final)
-        try:
-            await self._adapter.rest.patch_post(message_id, message, props)
-        except MattermostAPIError as exc:
-            raise ReplyDeliveryError(str(exc)) from exc
+        await self._adapter.rest.patch_post(message_id, message, props)
 
     def _render(self, text: str, final: FinalAnswer | None) -> tuple[str, dict[str, Any] | None]:
         if final is None:
@@ -122,10 +122,12 @@ class MattermostAdapter(ChatAdapter):
     """The Mattermost connection: websocket events in, REST posts and edits out."""
 
     platform = PLATFORM
+    access: AccessPolicy
 
     def __init__(self, settings: MattermostSettings, store: Store) -> None:
         self.settings = settings
         self.store = store
+        self.access = AccessPolicy(settings, PLATFORM)
         self.rest = MattermostRest(settings)
         self.pacer = ChannelPacer(settings.channel_post_interval_s)
         self.max_post_size = DEFAULT_MAX_POST_SIZE
@@ -135,8 +137,7 @@ class MattermostAdapter(ChatAdapter):
         """Websocket sessions that reached ``hello`` (for tests and logs)."""
         self.caught_up_posts = 0
         """Posts handed to the pipeline from a REST catch-up rather than the websocket."""
-        self._handler: MessageHandler | None = None
-        self._rng = random.Random()
+        self._submit: MessageSink | None = None
         self._channel_types: dict[str, str] = {}
         self._last_seen: dict[str, int] = {}
         self._pending_since: dict[str, int] = {}
@@ -152,9 +153,9 @@ class MattermostAdapter(ChatAdapter):
         self._mention_re: re.Pattern[str] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
-    async def start(self, handler: MessageHandler) -> None:
+    async def start(self, submit: MessageSink) -> None:
         """Log in (``GET /users/me``), read the post limit, list channels, open the websocket."""
-        self._handler = handler
+        self._submit = submit
         self._stopping = False
         await self.rest.start()
         try:
@@ -185,20 +186,20 @@ class MattermostAdapter(ChatAdapter):
         )
 
     async def stop(self) -> None:
-        """Close the websocket, let answers in flight finish (bounded), close the REST session."""
+        """Stop taking posts and commands: close the websocket, end the catch-up and housekeeping
+        tasks. Answers in flight can still post until :meth:`close`."""
         self._stopping = True
-        for task in (self._supervisor, self._catchup_task):
+        self._submit = None
+        for task in (self._supervisor, self._catchup_task, *self._tasks):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.request_timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        await self.rest.close()
         self._listening.clear()
+
+    async def close(self) -> None:
+        """Close the REST sessions (after the pipeline drained the answers in flight)."""
+        await self.rest.close()
 
     async def _read_max_post_size(self) -> int:
         try:
@@ -239,7 +240,7 @@ class MattermostAdapter(ChatAdapter):
         return f"{scheme}://{s.url}:{s.port}{s.basepath.rstrip('/')}/websocket"
 
     async def _run_websocket(self) -> None:
-        attempt = 0
+        budget = RetryBudget(self.settings.reconnect)
         while not self._stopping:
             reached_hello = False
             try:
@@ -251,10 +252,10 @@ class MattermostAdapter(ChatAdapter):
             if self._stopping:
                 return
             self._mark_gap()
-            attempt = 0 if reached_hello else attempt + 1
-            cap = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2**attempt)
-            delay = self._rng.uniform(cap / 2, cap)
-            logger.info("mattermost websocket reconnecting in %.2f s (attempt %d)", delay, attempt + 1)
+            if reached_hello:
+                budget.reset()  # a session that worked: the next reconnect starts quick again
+            delay = budget.after_failure("websocket")  # reconnect.max_retries is unset: never gives up
+            logger.info("mattermost websocket reconnecting in %.2f s (attempt %d)", delay, budget.failures)
             await asyncio.sleep(delay)
 
     def _mark_gap(self, *, disconnected: bool = True) -> None:
@@ -314,7 +315,7 @@ class MattermostAdapter(ChatAdapter):
                     continue
                 if "seq_reply" in frame:
                     if frame.get("status") == "FAIL" and frame.get("seq_reply") == 1:
-                        raise MattermostAPIError(
+                        raise mattermost_error(
                             "WS",
                             "/websocket",
                             401,
@@ -379,7 +380,7 @@ class MattermostAdapter(ChatAdapter):
 
     async def _catch_up(self) -> None:
         """Fetch posts missed while disconnected; retried until done or the socket drops again."""
-        attempt = 0
+        budget = RetryBudget(self.settings.reconnect)
         while self._pending_since and not self._stopping:
             # Only a fetch made while the socket is live closes a gap: posts after it arrive live.
             await self._listening.wait()
@@ -409,10 +410,9 @@ class MattermostAdapter(ChatAdapter):
                 if not self._pending_since:
                     self._last_pending_ms = 0
             except MattermostAPIError as exc:
-                attempt += 1
-                delay = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2**attempt)
+                delay = budget.after_failure("catch-up")
                 logger.warning("mattermost catch-up failed (%s); again in %.1f s", exc, delay)
-                await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+                await asyncio.sleep(delay)
 
     # -- incoming posts -------------------------------------------------------------------------
     async def _on_posted(self, data: dict[str, Any]) -> None:
@@ -479,13 +479,9 @@ class MattermostAdapter(ChatAdapter):
             kind=kind,
             thread_id=root_id or post_id,
             message_id=post_id,
+            is_direct=ctype == "D",
         )
-        if not self._allowed(message):
-            if kind is not MessageKind.FOLLOWUP:
-                self._spawn(self._refuse(message), f"mattermost-refuse-{post_id}")
-            return 0
-        self._dispatch(message)
-        return 1
+        return 1 if self._hand_over(message) else 0
 
     async def _is_bot_thread(self, channel: str, root_id: str) -> bool:
         try:
@@ -494,27 +490,17 @@ class MattermostAdapter(ChatAdapter):
             logger.warning("mattermost: cannot tell whether thread %s is opsbot's: %s", root_id, exc)
             return False
 
-    def _allowed(self, message: IncomingMessage) -> bool:
-        s = self.settings
-        return (not s.allowed_channels or message.channel in s.allowed_channels) and (
-            not s.allowed_users or message.user in s.allowed_users
-        )
-
-    async def _refuse(self, message: IncomingMessage) -> None:
-        if not await self.store.claim_event(PLATFORM, message.event_id):
-            return
-        allowed = self.settings.allowed_channels
-        where = "this channel" if allowed and message.channel not in allowed else "you"
-        text = (
-            f":no_entry: opsbot is not enabled for {where} "
-            "(see the `allowed_channels` / `allowed_users` settings)."
-        )
-        await self.send_notice(message, text, ephemeral=True)
-
-    def _dispatch(self, message: IncomingMessage) -> None:
-        self._spawn(self._run_handler(message), f"mattermost-{message.kind.value}-{message.event_id}")
+    def _hand_over(self, message: IncomingMessage) -> bool:
+        """Give an accepted message to the pipeline, which owns it from here (claim, access, answer)."""
+        with request_scope(message.request_id):
+            if self._submit is None:
+                logger.warning("mattermost post arrived while stopping: %s not taken", message.event_id)
+                return False
+            self._submit(message)
+            return True
 
     def _spawn(self, coro: Any, name: str) -> None:
+        """A housekeeping task of the adapter's own (never an answer: those are the pipeline's)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -523,10 +509,6 @@ class MattermostAdapter(ChatAdapter):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("mattermost task %s failed", task.get_name(), exc_info=task.exception())
-
-    async def _run_handler(self, message: IncomingMessage) -> None:
-        assert self._handler is not None
-        await self._handler(message)
 
     # -- replies ------------------------------------------------------------------------------
     def pending_post_id(self) -> str:
@@ -559,10 +541,18 @@ class MattermostAdapter(ChatAdapter):
         return {"attachments": [{"text": "", "actions": actions}]}
 
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:
-        """Post the placeholder in the message's thread (started at the message when top-level)."""
+        """Post the placeholder in the message's thread (started at the message when top-level);
+        a ``/rca`` command first gets a channel post quoting the request, to thread under."""
         root = message.thread_id or message.message_id
         if not root:
-            raise ReplyDeliveryError(f"no thread to answer {message.event_id} in")
+            asker = f"@{message.user_name}" if message.user_name else "someone"
+            quote = "\n".join(f"> {line}" for line in f"/rca {message.text}".splitlines())
+            async with self.pacer.turn(message.channel):
+                post = await self.rest.create_post(
+                    message.channel, f"{asker} asked:\n{quote}", pending_post_id=self.pending_post_id()
+                )
+            root = message.thread_id = message.message_id = str(post["id"])
+            self._seen[root] = None
         reply = MattermostReply(self, message, root)
         await reply.start()
         return reply
@@ -598,7 +588,7 @@ class MattermostAdapter(ChatAdapter):
 
     async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
         """Post ``text`` (Markdown) to ``channel``, in ``thread_id`` when given; the thread's id."""
-        chunks = _split(text, self.max_post_size)
+        chunks = split_text(text, self.max_post_size)
         root = thread_id or ""
         first = ""
         for chunk in chunks:
@@ -622,64 +612,42 @@ class MattermostAdapter(ChatAdapter):
         if expected is None or not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
             logger.warning("mattermost slash command with a bad token from %s refused", request.remote)
             return web.json_response({"error": "invalid slash command token"}, status=401)
-        if self._handler is None:
-            return _ephemeral(":hourglass: opsbot is starting; try again in a moment.")
+        if self._submit is None:
+            return _ephemeral(":hourglass: opsbot is starting or restarting; try again in a moment.")
         text = str(form.get("text", "")).strip()
         trigger = str(form.get("trigger_id", "")) or uuid.uuid4().hex
+        channel = str(form.get("channel_id", ""))
         message = IncomingMessage(
             platform=PLATFORM,
             event_id="cmd:" + hashlib.sha256(trigger.encode()).hexdigest()[:32],
-            channel=str(form.get("channel_id", "")),
+            channel=channel,
             user=str(form.get("user_id", "")),
             user_name=str(form.get("user_name", "")) or None,
             team=str(form.get("team_id", "")) or None,
             text=text,
             kind=MessageKind.COMMAND,
+            is_direct=self._channel_types.get(channel) == "D",
             extra={"response_url": str(form.get("response_url", ""))},
         )
-        if not self._allowed(message):
-            return _ephemeral(":no_entry: opsbot is not enabled for this channel or user.")
+        refusal = self.access.refusal_for(message)
+        if refusal is not None:
+            return _ephemeral(refusal.text)
         word = text.lower()
         if word in ("", "help", "-h", "--help", "status"):
             # Short answers ride on the command's own response when they come quickly.
             waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             message.extra["notice_future"] = waiter
-            self._dispatch(message)
+            self._hand_over(message)
             try:
                 answer = await asyncio.wait_for(asyncio.shield(waiter), self.settings.slash_command_wait_s)
                 return _ephemeral(answer)
             except TimeoutError:
                 waiter.cancel()  # send_notice now goes to the response_url
                 return _ephemeral(":hourglass: Working on it…")
-        self._spawn(self._command_thread(message), f"mattermost-command-{message.event_id}")
+        self._hand_over(message)
         return _ephemeral(
             ":mag: Looking into it — the answer will be in a thread under your request in this channel."
         )
-
-    async def _command_thread(self, message: IncomingMessage) -> None:
-        """Post the channel message quoting the request, then answer in its thread."""
-        asker = f"@{message.user_name}" if message.user_name else "someone"
-        quote = "\n".join(f"> {line}" for line in f"/rca {message.text}".splitlines())
-        try:
-            async with self.pacer.turn(message.channel):
-                post = await self.rest.create_post(
-                    message.channel, f"{asker} asked:\n{quote}", pending_post_id=self.pending_post_id()
-                )
-        except MattermostAPIError as exc:
-            REPLIES_FAILED.labels(platform=PLATFORM).inc()
-            logger.error("mattermost /rca %s: cannot start the thread: %s", message.event_id, exc)
-            with contextlib.suppress(MattermostAPIError):
-                await self.rest.command_response(
-                    str(message.extra["response_url"]),
-                    {
-                        "response_type": "ephemeral",
-                        "text": f":warning: Could not post in this channel: {exc.message}",
-                    },
-                )
-            return
-        message.thread_id = message.message_id = str(post["id"])
-        self._seen[message.thread_id] = None
-        await self._run_handler(message)
 
     async def _on_action(self, request: web.Request) -> web.Response:
         try:
@@ -711,9 +679,3 @@ class MattermostAdapter(ChatAdapter):
 
 def _ephemeral(text: str) -> web.Response:
     return web.json_response({"response_type": "ephemeral", "text": text})
-
-
-def _split(text: str, limit: int) -> list[str]:
-    from bot.adapters.streaming import split_text
-
-    return split_text(text, limit)

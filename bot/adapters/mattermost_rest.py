@@ -1,13 +1,15 @@
-"""Mattermost REST API v4 over aiohttp, with retries (429 / 5xx / connection errors).
+"""Mattermost REST API v4 over aiohttp, under the one retry policy (:mod:`bot.retry`).
 
 mattermostdriver's REST client makes blocking ``requests`` calls, which would stall the event
 loop that streams every answer; this client speaks the same endpoints asynchronously. Errors
-carry the server's error body (``id``, ``message``, ``request_id``, ``status_code``).
+carry the server's error body (``id``, ``message``, ``request_id``, ``status_code``) and belong to
+:mod:`bot.errors`' tree (:class:`MattermostAPIError` and its branch subclasses).
 
-Retries: 429 waits ``Retry-After`` (else ``X-Ratelimit-Reset``) and never less; 5xx and
-connection errors back off exponentially with full jitter. ``POST /posts`` is retried safely
-because every create carries a ``pending_post_id``: the server answers a repeated create with
-the post it already made instead of a second one.
+Retries (``mattermost.retry``): a 429 waits ``Retry-After`` (else ``X-Ratelimit-Reset``), never
+less, for as long as ``patience_s`` allows and without counting against ``max_retries``; 5xx and
+connection errors back off exponentially with jitter up to ``max_retries`` times. ``POST /posts``
+is retried safely because every create carries a ``pending_post_id``: the server answers a
+repeated create with the post it already made instead of a second one.
 """
 
 from __future__ import annotations
@@ -18,13 +20,20 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
-from bot.config import MattermostSettings
+from bot.config import MattermostSettings, RetrySettings
+from bot.errors import (
+    PlatformError,
+    PlatformRejected,
+    PlatformThrottled,
+    PlatformUnavailable,
+    platform_branch,
+)
 from bot.metrics import CHAT_API_RETRIES
+from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +42,11 @@ DEFAULT_MAX_POST_SIZE = 16383
 """Runes a post may hold on servers since 5.0 (``PostMessageMaxRunesV2``)."""
 
 
-class MattermostAPIError(Exception):
-    """A REST call failed for good: an error status after retries, or one not worth retrying."""
+class MattermostAPIError(PlatformError):
+    """A REST call failed for good: an error status after retries, or one not worth retrying.
+
+    Raised as one of its branch subclasses (:func:`mattermost_error`); catch this class for any.
+    """
 
     def __init__(
         self,
@@ -57,6 +69,52 @@ class MattermostAPIError(Exception):
             f"{error_id or ''} {message} (request_id={request_id or '-'})".replace("  ", " ")
         )
 
+    def given_up(self, verdict: RetriesExhausted) -> MattermostAPIError:
+        """This error as the branch the retry policy's verdict names (throttled / unavailable)."""
+        return mattermost_error(
+            self.method,
+            self.path,
+            self.status,
+            f"{self.message} ({verdict})",
+            error_id=self.error_id,
+            request_id=self.request_id,
+            exhausted=verdict.reason,
+        )
+
+
+class MattermostRejected(MattermostAPIError, PlatformRejected):
+    """The server refused the call (4xx): retrying cannot help."""
+
+
+class MattermostThrottled(MattermostAPIError, PlatformThrottled):
+    """Still rate limited after ``mattermost.retry.patience_s``."""
+
+
+class MattermostUnavailable(MattermostAPIError, PlatformUnavailable):
+    """5xx, timeouts or connection errors after ``mattermost.retry.max_retries`` retries."""
+
+
+_MM_BRANCH: dict[type[PlatformError], type[MattermostAPIError]] = {
+    PlatformRejected: MattermostRejected,
+    PlatformThrottled: MattermostThrottled,
+    PlatformUnavailable: MattermostUnavailable,
+}
+
+
+def mattermost_error(
+    method: str,
+    path: str,
+    status: int | None,
+    message: str,
+    *,
+    error_id: str | None = None,
+    request_id: str | None = None,
+    exhausted: str | None = None,
+) -> MattermostAPIError:
+    """The :class:`MattermostAPIError` of the right branch for a failed call."""
+    cls = _MM_BRANCH[platform_branch(http_status=status, exhausted=exhausted)]
+    return cls(method, path, status, message, error_id=error_id, request_id=request_id)
+
 
 def ssl_context(verify: bool) -> ssl.SSLContext | bool:
     """Verified TLS (system CAs) unless ``verify`` is false (then no certificate checks at all)."""
@@ -75,6 +133,7 @@ class MattermostRest:
     """Async REST v4 client bound to one bot token."""
 
     def __init__(self, settings: MattermostSettings, *, rng: random.Random | None = None) -> None:
+        """``rng`` seeds the backoff jitter (tests)."""
         self.settings = settings
         self.base_url = f"{settings.scheme}://{settings.url}:{settings.port}{settings.basepath.rstrip('/')}"
         self.server_url = f"{settings.scheme}://{settings.url}:{settings.port}"
@@ -113,33 +172,30 @@ class MattermostRest:
             raise RuntimeError("MattermostRest.start() was not called")
         return self._session
 
-    def backoff(self, attempt: int) -> float:
-        """Full-jitter exponential backoff for retry ``attempt`` (0-based)."""
-        cap = min(self.settings.retry_max_s, self.settings.retry_initial_s * (2**attempt))
-        return self._rng.uniform(cap / 2, cap)
-
     async def request(
         self,
         method: str,
         path: str,
         *,
         json: Any = None,
-        params: Mapping[str, str] | None = None,
+        params: dict[str, str] | None = None,
         url: str | None = None,
         retries: int | None = None,
         session: aiohttp.ClientSession | None = None,
     ) -> Any:
         """Call ``method path`` (relative to the API base, or ``url``); return the decoded JSON.
 
-        Retries 429 (after ``Retry-After``), 5xx and connection errors up to ``max_retries``
-        times; raises :class:`MattermostAPIError` when it gives up or on any other error status.
+        Retries under ``mattermost.retry`` (``retries`` overrides its ``max_retries`` for one call);
+        raises :class:`MattermostAPIError` when the server refuses the call or the policy gives up.
         """
         target = url or f"{self.base_url}{path}"
         label = f"{method} {_metric_path(path)}"
-        max_retries = self.settings.max_retries if retries is None else retries
-        attempt = 0
+        policy: RetrySettings = self.settings.retry
+        if retries is not None:
+            policy = policy.model_copy(update={"max_retries": retries})
+        budget = RetryBudget(policy, rng=self._rng)
         while True:
-            delay: float
+            wait: float | None = None
             try:
                 client = session or self.session
                 async with client.request(method, target, json=json, params=params) as resp:
@@ -150,25 +206,26 @@ class MattermostRest:
                         return await resp.json()
                     error = _api_error(method, path, resp, raw)
                     if resp.status == 429:
-                        reason, wait = "429", _retry_after(resp.headers)
-                        # The server's wait is honoured, never shortened; jitter only adds to it.
-                        delay = self.backoff(attempt) if wait is None else wait + self._rng.uniform(0, 0.1)
+                        reason, wait = "429", retry_after_from_headers(resp.headers, "X-Ratelimit-Reset")
                     elif resp.status >= 500:
-                        reason, delay = "5xx", self.backoff(attempt)
+                        reason = "5xx"
                     else:
                         raise error
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-                error = MattermostAPIError(method, path, None, f"{type(exc).__name__}: {exc}")
-                reason, delay = "connection", self.backoff(attempt)
-            if attempt >= max_retries:
-                raise error
-            attempt += 1
+                error = mattermost_error(method, path, None, f"{type(exc).__name__}: {exc}")
+                reason = "connection"
+            try:
+                if reason == "429":
+                    delay = budget.after_rate_limit(wait, error.message)
+                else:
+                    delay = budget.after_failure(error.message)
+            except RetriesExhausted as gave_up:
+                raise error.given_up(gave_up) from None
             CHAT_API_RETRIES.labels(platform=PLATFORM, method=label, reason=reason).inc()
             logger.info(
-                "mattermost %s retry %d/%d in %.2f s (%s; request_id=%s)",
+                "mattermost %s retry %d in %.2f s (%s; request_id=%s)",
                 label,
-                attempt,
-                max_retries,
+                budget.attempt,
                 delay,
                 reason,
                 error.request_id,
@@ -252,22 +309,6 @@ class MattermostRest:
         await self.request("POST", "/hooks/commands", json=body, url=response_url, session=self._plain)
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
-    if value:
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            return None
-    reset = headers.get("X-Ratelimit-Reset")  # seconds until the bucket refills
-    if reset:
-        try:
-            return max(0.0, float(reset))
-        except ValueError:
-            return None
-    return None
-
-
 def _api_error(method: str, path: str, resp: aiohttp.ClientResponse, raw: bytes) -> MattermostAPIError:
     request_id = resp.headers.get("X-Request-Id")
     error_id: str | None = None
@@ -281,7 +322,7 @@ def _api_error(method: str, path: str, resp: aiohttp.ClientResponse, raw: bytes)
                 request_id = body.get("request_id") or request_id
         except ValueError:
             pass
-    return MattermostAPIError(method, path, resp.status, message, error_id=error_id, request_id=request_id)
+    return mattermost_error(method, path, resp.status, message, error_id=error_id, request_id=request_id)
 
 
 def monotonic_ms() -> int:

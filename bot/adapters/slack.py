@@ -10,17 +10,19 @@ Every delivery is acknowledged at once and its work scheduled as a task. ``event
 one mention, and every retry of either (``X-Slack-Retry-Num`` / Socket Mode ``retry_attempt``), claim
 the same key in the store and only the first is answered.
 
-Web API calls go through :meth:`SlackAdapter.call`: 429s wait their ``Retry-After`` (and hold back
-every other call of that method to that channel meanwhile), 5xx and connection errors back off
-with jitter, each retry counted in ``CHAT_API_RETRIES``. New posts to a channel are paced by a
-shared :class:`~bot.adapters.streaming.ChannelPacer`.
+Web API calls go through :meth:`SlackAdapter.call` under the one retry policy (:mod:`bot.retry`):
+429s wait their ``Retry-After`` (and hold back every other call of that method to that channel
+meanwhile), 5xx and connection errors back off with jitter, each retry counted in
+``CHAT_API_RETRIES``; a call that fails for good raises a :class:`SlackCallError` of the matching
+branch of :mod:`bot.errors`. New posts to a channel are paced by a shared
+:class:`~bot.adapters.streaming.ChannelPacer`. Every accepted message is handed to the pipeline
+(``submit``), which owns it until it is answered; access rules are :mod:`bot.access`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -35,7 +37,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.access import AccessPolicy
+from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.adapters.slack_format import (
     FEEDBACK_DOWN,
     FEEDBACK_UP,
@@ -44,9 +47,18 @@ from bot.adapters.slack_format import (
     fallback_text,
     markdown_to_mrkdwn,
 )
-from bot.adapters.streaming import ChannelPacer, ReplyDeliveryError, StreamingReply
+from bot.adapters.streaming import ChannelPacer, StreamingReply
 from bot.config import SlackSettings
+from bot.errors import (
+    PlatformError,
+    PlatformRejected,
+    PlatformThrottled,
+    PlatformUnavailable,
+    platform_branch,
+)
+from bot.logs import request_scope
 from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED
+from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
 if TYPE_CHECKING:
@@ -59,17 +71,45 @@ logger = logging.getLogger(__name__)
 PLATFORM = "slack"
 SIGNATURE_MAX_AGE_S = 300
 """Slack's replay window: a request timestamp older (or newer) than this is refused."""
-_BACKOFF_MAX_S = 30.0
 _QUOTE_LIMIT = 500
 
 
-class SlackCallError(Exception):
-    """A Web API call failed for good (a permanent error, or retries exhausted)."""
+class SlackCallError(PlatformError):
+    """A Web API call failed for good; its subclasses place it in :mod:`bot.errors`' tree."""
 
-    def __init__(self, method: str, error: str) -> None:
+    def __init__(self, method: str, error: str, *, http_status: int | None = None) -> None:
         super().__init__(f"{method}: {error}")
         self.method = method
         self.error = error
+        """Slack's error code (``not_in_channel``, ``ratelimited``, ...) or what went wrong."""
+        self.http_status = http_status
+
+
+class SlackRejected(SlackCallError, PlatformRejected):
+    """Slack answered ``ok: false`` or a 4xx: the call itself is wrong (retrying cannot help)."""
+
+
+class SlackThrottled(SlackCallError, PlatformThrottled):
+    """Still rate limited after ``slack.retry.patience_s``."""
+
+
+class SlackUnavailable(SlackCallError, PlatformUnavailable):
+    """5xx or connection errors after ``slack.retry.max_retries`` retries."""
+
+
+_SLACK_BRANCH: dict[type[PlatformError], type[SlackCallError]] = {
+    PlatformRejected: SlackRejected,
+    PlatformThrottled: SlackThrottled,
+    PlatformUnavailable: SlackUnavailable,
+}
+
+
+def slack_error(
+    method: str, error: str, *, http_status: int | None, exhausted: str | None = None
+) -> SlackCallError:
+    """The :class:`SlackCallError` of the right branch for a failed call."""
+    cls = _SLACK_BRANCH[platform_branch(http_status=http_status, exhausted=exhausted)]
+    return cls(method, error, http_status=http_status)
 
 
 class _RetryAfterGates:
@@ -132,12 +172,14 @@ class SlackAdapter(ChatAdapter):
     """opsbot on Slack, in Socket Mode or HTTP mode as ``settings.mode`` says."""
 
     platform = PLATFORM
+    access: AccessPolicy
 
     def __init__(self, settings: SlackSettings, store: Store) -> None:
         if settings.bot_token is None:
             raise ValueError("slack.bot_token is required")
         self.settings = settings
         self.store = store
+        self.access = AccessPolicy(settings, PLATFORM)
         self.pacer = ChannelPacer(interval_s=settings.channel_post_interval_s)
         # Retries are ours (see `call`): the pacer must see every attempt, so slack-sdk's own
         # retry handlers are turned off.
@@ -152,9 +194,8 @@ class SlackAdapter(ChatAdapter):
             else None
         )
         self._gates = _RetryAfterGates()
-        self._handler: MessageHandler | None = None
+        self._submit: MessageSink | None = None
         self._socket: AsyncSocketModeHandler | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.app = self._build_app()
@@ -175,9 +216,9 @@ class SlackAdapter(ChatAdapter):
         app.action(re.compile(rf"^({FEEDBACK_UP}|{FEEDBACK_DOWN}):"))(self._on_feedback)
         return app
 
-    async def start(self, handler: MessageHandler) -> None:
+    async def start(self, submit: MessageSink) -> None:
         """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
-        self._handler = handler
+        self._submit = submit
         auth = await self.call("auth.test", {})
         self.bot_user_id = str(auth.get("user_id") or "") or None
         self.bot_id = str(auth.get("bot_id") or "") or None
@@ -204,18 +245,12 @@ class SlackAdapter(ChatAdapter):
         logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
 
     async def stop(self) -> None:
-        """Disconnect, let answers in progress finish for ``drain_timeout_s``, cancel the rest."""
+        """Stop taking messages (close the Socket Mode connection; HTTP events are refused with 503
+        from now on); answers in flight can still post until :meth:`close`."""
+        self._submit = None
         if self._socket is not None:
             await self._socket.close_async()  # type: ignore[no-untyped-call]
             self._socket = None
-        pending = set(self._tasks)
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=self.settings.drain_timeout_s)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=5)
-                logger.warning("slack stop: %d answers cancelled after the drain timeout", len(late))
 
     # -- Web API --------------------------------------------------------------------------------
     async def call(
@@ -226,59 +261,52 @@ class SlackAdapter(ChatAdapter):
         channel: str | None = None,
         token: str | None = None,
     ) -> dict[str, Any]:
-        """One Web API call with retries: 429 waits ``Retry-After``, 5xx / connection errors back off.
+        """One Web API call under the retry policy (``slack.retry``, see :mod:`bot.retry`).
 
         ``token`` replaces the bot token (the app-level token for ``apps.connections.open``).
-        Raises :class:`SlackCallError` on a permanent error or when retries are exhausted.
+        Raises :class:`SlackCallError` (of the branch the failure belongs to) when Slack refuses the
+        call or the policy gives up.
         """
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        attempt = 0  # failures (5xx, connection errors): bounded by max_retries
-        started = time.monotonic()  # rate limits: bounded by rate_limit_patience_s
+        budget = RetryBudget(self.settings.retry)
         while True:
             await self._gates.wait(method, channel)
-            reason: str
-            delay: float
             try:
                 resp = await self.client.api_call(method, json=dict(params), headers=headers)
                 return dict(resp.data) if isinstance(resp.data, dict) else {}
             except SlackApiError as exc:
                 status = exc.response.status_code
-                error = (
-                    str((exc.response.data or {}).get("error", ""))
-                    if isinstance(exc.response.data, dict)
-                    else ""
-                )
-                if status == 429:
-                    reason = "ratelimited"
-                    delay = _retry_after(exc.response.headers) + random.uniform(0.05, 0.25)
-                    self._gates.block(method, channel, delay)
-                elif status >= 500:
-                    reason = "server_error"
-                    delay = self._backoff(attempt)
-                else:
-                    raise SlackCallError(method, error or f"HTTP {status}") from exc
+                data = exc.response.data
+                error = str(data.get("error", "")) if isinstance(data, dict) else ""
                 detail = error or f"HTTP {status}"
+                if status != 429 and status < 500:
+                    raise slack_error(method, detail, http_status=status) from exc
+                reason = "ratelimited" if status == 429 else "server_error"
+                try:
+                    if status == 429:
+                        delay = budget.after_rate_limit(
+                            retry_after_from_headers(exc.response.headers), detail
+                        )
+                        self._gates.block(method, channel, delay)
+                    else:
+                        delay = budget.after_failure(detail)
+                except RetriesExhausted as gave_up:
+                    raise slack_error(
+                        method, str(gave_up), http_status=status, exhausted=gave_up.reason
+                    ) from exc
             except (aiohttp.ClientError, TimeoutError) as exc:
-                reason, delay, detail = "connection", self._backoff(attempt), type(exc).__name__
-            if reason == "ratelimited":
-                # A 429 is Slack saying "wait", not a failure: keep honouring Retry-After until the
-                # patience runs out, so a busy channel delays an answer instead of losing it.
-                waited = time.monotonic() - started
-                if waited + delay > self.settings.rate_limit_patience_s:
-                    raise SlackCallError(method, f"{detail}: still rate limited after {waited:.0f} s")
-            elif attempt >= self.settings.max_retries:
-                raise SlackCallError(method, f"{detail} after {attempt} retries")
-            else:
-                attempt += 1
+                reason, detail = "connection", type(exc).__name__
+                try:
+                    delay = budget.after_failure(detail)
+                except RetriesExhausted as gave_up:
+                    raise slack_error(
+                        method, str(gave_up), http_status=None, exhausted=gave_up.reason
+                    ) from exc
             CHAT_API_RETRIES.labels(PLATFORM, method, reason).inc()
             logger.info(
-                "slack %s retry %d in %.2f s: %s (channel=%s)", method, attempt, delay, detail, channel
+                "slack %s retry %d in %.2f s: %s (channel=%s)", method, budget.attempt, delay, detail, channel
             )
             await asyncio.sleep(delay)
-
-    def _backoff(self, attempt: int) -> float:
-        base = min(_BACKOFF_MAX_S, self.settings.retry_backoff_s * 2.0**attempt)
-        return base / 2 + random.uniform(0, base / 2)
 
     async def _post_paced(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = str(params["channel"])
@@ -306,13 +334,8 @@ class SlackAdapter(ChatAdapter):
             await reply.start()
         except SlackCallError as exc:
             # the pipeline counts it (REPLIES_FAILED) and logs it with the request id
-            logger.error(
-                "slack reply not started: event_id=%s channel=%s error=%s",
-                message.event_id,
-                message.channel,
-                exc,
-            )
-            raise ReplyDeliveryError(str(exc)) from exc
+            logger.error("slack reply not started: channel=%s error=%s", message.channel, exc)
+            raise
         return reply
 
     async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
@@ -397,7 +420,7 @@ class SlackAdapter(ChatAdapter):
             return
         message = self._normalise(event, body, MessageKind.MENTION)
         if message is not None:
-            await self._accept(message)
+            self._hand_over(message)
 
     async def _on_message(self, event: dict[str, Any], body: dict[str, Any]) -> None:
         # every subtype is skipped: edits, deletions, joins, bot messages, ...
@@ -420,15 +443,16 @@ class SlackAdapter(ChatAdapter):
             return
         message = self._normalise(event, body, kind)
         if message is not None:
-            await self._accept(message)
+            self._hand_over(message)
 
     async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
         channel = str(command.get("channel_id", ""))
         user = str(command.get("user_id", ""))
-        refusal = self._refusal(channel, user)
+        direct = channel.startswith("D") or command.get("channel_name") == "directmessage"
+        refusal = self.access.refusal(channel, user, direct=direct)
         if refusal is not None:
             # the ack's text reaches only the person who typed the command
-            await ack(f"opsbot: {refusal}")
+            await ack(refusal.text)
             return
         await ack()  # first, always: Slack gives up on the command after 3 s
         message = IncomingMessage(
@@ -441,9 +465,10 @@ class SlackAdapter(ChatAdapter):
             thread_id=None,
             user_name=command.get("user_name"),
             team=command.get("team_id"),
+            is_direct=direct,
             extra={"response_url": command.get("response_url"), "trigger_id": command.get("trigger_id")},
         )
-        self._schedule(message)
+        self._hand_over(message)
 
     async def _on_feedback(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()
@@ -483,64 +508,16 @@ class SlackAdapter(ChatAdapter):
             thread_id=str(event.get("thread_ts") or ts),
             message_id=ts,
             team=str(body.get("team_id") or event.get("team") or "") or None,
+            is_direct=event.get("channel_type") == "im" or channel.startswith("D"),
             extra={"slack_event_id": body.get("event_id")},
         )
 
-    def _refusal(self, channel: str, user: str) -> str | None:
-        allowed_channels = self.settings.allowed_channels
-        allowed_users = self.settings.allowed_users
-        # a DM (channel id D...) is the asker's own space: only the user list applies there
-        if allowed_channels and channel not in allowed_channels and not channel.startswith("D"):
-            return "I am not enabled in this channel (it is not in slack.allowed_channels); ask an admin."
-        if allowed_users and user not in allowed_users:
-            return "you are not on opsbot's list of allowed users (slack.allowed_users); ask an admin."
-        return None
-
-    async def _accept(self, message: IncomingMessage) -> None:
-        refusal = self._refusal(message.channel, message.user)
-        if refusal is None:
-            self._schedule(message)
-            return
-        # refusals are de-duplicated like answers: four deliveries, one ephemeral message
-        if await self.store.claim_event(PLATFORM, message.event_id):
-            logger.info(
-                "slack refused: event_id=%s channel=%s user=%s: %s",
-                message.event_id,
-                message.channel,
-                message.user,
-                refusal,
-            )
-            await self.send_notice(message, f"opsbot: {refusal}", ephemeral=True)
-
-    def _schedule(self, message: IncomingMessage) -> None:
-        task = asyncio.create_task(self._run(message), name=f"slack-{message.event_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, message: IncomingMessage) -> None:
-        if self._handler is None:
-            logger.error("slack message before start(): event_id=%s dropped", message.event_id)
-            return
-        try:
-            await self._handler(message)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception(
-                "slack handler failed: event_id=%s channel=%s thread=%s",
-                message.event_id,
-                message.channel,
-                message.thread_id,
-            )
-
-
-def _retry_after(headers: Mapping[str, Any]) -> float:
-    """Seconds from a ``Retry-After`` header (Slack sends whole seconds); 1 s when absent."""
-    for key, value in headers.items():
-        if key.lower() == "retry-after":
-            raw = value[0] if isinstance(value, list | tuple) else value
-            try:
-                return max(0.0, float(str(raw)))
-            except (TypeError, ValueError):
-                return 1.0
-    return 1.0
+    def _hand_over(self, message: IncomingMessage) -> None:
+        """Give an accepted message to the pipeline, which owns it from here (claim, access, answer)."""
+        with request_scope(message.request_id):
+            if self._submit is None:
+                logger.warning(
+                    "slack message arrived while stopping: event_id=%s not taken", message.event_id
+                )
+                return
+            self._submit(message)

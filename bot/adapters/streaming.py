@@ -27,10 +27,6 @@ STREAMING_CURSOR = " ▍"
 """Appended to partial text while the answer is still streaming."""
 
 
-class ReplyDeliveryError(Exception):
-    """A reply could not be posted or edited after the platform client's retries."""
-
-
 def split_text(text: str, limit: int) -> list[str]:
     """Split ``text`` into pieces of at most ``limit`` characters.
 
@@ -156,7 +152,7 @@ class StreamingReply(ReplyStream):
 
     Edits run in a background task so the engine's stream is never slowed by chat API latency;
     intermediate edits that fail are logged and skipped (the final edit repairs them), while a
-    final edit or post that fails raises :class:`ReplyDeliveryError`.
+    final edit or post that fails raises the adapter's :class:`~bot.errors.PlatformError`.
     """
 
     def __init__(
@@ -268,14 +264,9 @@ class StreamingReply(ReplyStream):
         if wait > 0:  # the final edit respects the per-message edit rate too
             await asyncio.sleep(wait)
         last = len(chunks) - 1
-        try:
-            await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
-            for i, chunk in enumerate(chunks[1:], start=1):
-                self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
-        except ReplyDeliveryError:
-            raise
-        except Exception as exc:
-            raise ReplyDeliveryError(str(exc)) from exc
+        await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
+        for i, chunk in enumerate(chunks[1:], start=1):
+            self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
 
     async def _paced_post(self, text: str, final: FinalAnswer | None) -> str:
         if self.pacer is None:

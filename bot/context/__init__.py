@@ -2,11 +2,11 @@
 redacted and fitted into a token budget.
 
 Public API: :class:`ContextGatherer` (``from_settings`` / ``gather`` / ``close``),
-:class:`ContextSection`, :class:`ContextBundle`, :func:`fit_to_budget`, :func:`redact`,
-:class:`RedactingFilter` and :class:`AlertmanagerReceiver` (``POST /alertmanager``).
+:class:`ContextSection`, :class:`ContextBundle` and :func:`fit_to_budget`. Redaction is its own
+room (:mod:`bot.redact`); the Alertmanager webhook receiver is an inbound adapter
+(:mod:`bot.adapters.alertmanager`).
 """
 
-from bot.context.alertmanager import AlertmanagerReceiver
 from bot.context.base import (
     ContextBundle,
     ContextProvider,
@@ -18,10 +18,8 @@ from bot.context.base import (
 from bot.context.budget import fit_to_budget
 from bot.context.entities import Entities
 from bot.context.gatherer import ContextGatherer
-from bot.context.redact import RedactingFilter, redact
 
 __all__ = [
-    "AlertmanagerReceiver",
     "ContextBundle",
     "ContextGatherer",
     "ContextProvider",
@@ -30,7 +28,5 @@ __all__ = [
     "Entities",
     "ProviderResult",
     "ProviderStatus",
-    "RedactingFilter",
     "fit_to_budget",
-    "redact",
 ]

@@ -30,7 +30,7 @@ from bot.context.base import (
     ProviderResult,
     ProviderStatus,
 )
-from bot.context.redact import redact
+from bot.redact import redact
 from bot.types import SourceNote
 
 logger = logging.getLogger(__name__)

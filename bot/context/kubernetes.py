@@ -26,7 +26,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from bot.config import KubernetesSettings
 from bot.context.base import ContextProvider, ContextRequest, ContextSection, ProviderResult, ProviderStatus
 from bot.context.entities import Entities
-from bot.context.redact import REDACTED, is_secret_name
+from bot.redact import REDACTED, is_secret_name
 
 logger = logging.getLogger(__name__)
 

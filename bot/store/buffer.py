@@ -1,9 +1,9 @@
 """The write buffer: rows wait in memory and a background task writes them in batches.
 
 Callers never wait on the database. When it is unreachable, the batch at the head of the queue
-stays there (in order) and is retried with exponential backoff and jitter; nothing queued is
-lost. Only a full queue drops rows (the new ones: what already fit is kept), and every drop is
-counted in ``opsbot_store_dropped_rows_total`` and logged with the kind of row.
+stays there (in order) and is retried under ``store.retry`` (:mod:`bot.retry`: backoff with jitter,
+for ever); nothing queued is lost. Only a full queue drops rows (the new ones: what already fit
+is kept), and every drop is counted in ``opsbot_store_dropped_rows_total`` and logged with the kind of row.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
 import time
 import uuid
 from collections import deque
@@ -22,6 +21,7 @@ from datetime import datetime
 
 from bot import metrics
 from bot.config import StoreSettings
+from bot.retry import RetryBudget
 from bot.store.db import describe_cause, is_row_error
 from bot.store.records import AlertThread, RequestRecord, utcnow
 
@@ -203,13 +203,10 @@ class WriteBuffer:
         metrics.STORE_BUFFERED.set(len(self._queue))
         return len(self._queue)
 
-    def _delay(self, attempt: int) -> float:
-        base = min(self._settings.retry_initial_s * 2.0**attempt, self._settings.retry_max_s)
-        # Jitter spreads the retries of several replicas that lost the database together.
-        return base * random.uniform(0.5, 1.0)
-
     async def _run(self) -> None:
-        attempt = 0
+        # Buffered rows are never given up: the policy's max_retries is ignored here (only its
+        # backoff is used), since dropping them is what the buffer exists to avoid.
+        budget = RetryBudget(self._settings.retry.model_copy(update={"max_retries": None}))
         last_warning = 0.0
         while True:
             if not self._queue:
@@ -219,14 +216,13 @@ class WriteBuffer:
                     await self._wake.wait()
                     continue
                 # Down with nothing to write: probe so reads and claims use the database again.
-                await asyncio.sleep(self._delay(attempt))
+                await asyncio.sleep(budget.after_failure("store probe"))
                 try:
                     await self._probe()
                 except Exception as error:
-                    attempt += 1
                     logger.debug("store probe failed: %s", describe_cause(error))
                 else:
-                    attempt = 0
+                    budget.reset()
                     logger.info("database reachable again")
                     self.set_up(True)
                 continue
@@ -236,8 +232,8 @@ class WriteBuffer:
             except Exception as error:
                 self._write_failures += 1
                 metrics.STORE_WRITE_FAILURES.inc()
-                delay = self._delay(attempt)
-                attempt += 1
+                delay = budget.after_failure("store write")
+                attempt = budget.failures
                 # Every attempt at DEBUG, but at WARNING only now and then: a long outage
                 # should not flood the log with one line per retry.
                 now = time.monotonic()
@@ -256,11 +252,12 @@ class WriteBuffer:
                 self.set_up(False)
                 await asyncio.sleep(delay)
                 continue
-            if attempt:
+            if budget.failures:
                 logger.info(
-                    "database reachable again after %d failed attempts; writing buffered rows", attempt
+                    "database reachable again after %d failed attempts; writing buffered rows",
+                    budget.failures,
                 )
-            attempt = 0
+            budget.reset()
             self.set_up(True)
 
     async def _write_batch(self, batch: list[PendingRow]) -> None:

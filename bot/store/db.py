@@ -18,11 +18,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
 
 from bot.config import StoreSettings, mask_url
+from bot.errors import OpsbotError
 
 logger = logging.getLogger(__name__)
 
 
-class StoreError(Exception):
+class StoreError(OpsbotError):
     """The database cannot be used; the message is one line naming the (masked) URL and the cause."""
 
 

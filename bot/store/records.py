@@ -23,7 +23,9 @@ class RequestRecord:
     scenario: str
     lane: str
     status: str
-    """``ok``, ``error``, ``aborted``, ``overloaded`` or ``refused``."""
+    """``ok``, ``timeout``, ``aborted``, ``overloaded``, ``engine_dead``, ``error`` (the engine could
+    not answer), ``undelivered`` or ``throttled`` (the platform refused or kept failing): one per
+    branch of the engine's and the bot's error trees (``bot.pipeline``)."""
     error: str | None = None
     model: str | None = None
     prompt_tokens: int = 0

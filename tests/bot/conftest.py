@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from bot.adapters.console import ConsoleAdapter
+from bot.app import submit_to
 from bot.config import Settings, StoreSettings
 from bot.engine_factory import build_engine
-from bot.pipeline import Pipeline, PipelineConfig
+from bot.pipeline import Pipeline
 from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder
 from bot.store import Store
 from inference.engine import ChatMessage, Engine
@@ -40,7 +41,7 @@ async def parts(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Parts]:
         },
     )
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'opsbot.db'}"
-    store = await Store.open(db_url, StoreSettings(retry_initial_s=0.02, retry_max_s=0.2))
+    store = await Store.open(db_url, StoreSettings(retry={"initial_s": 0.02, "max_s": 0.2}))
     engine = build_engine(settings, str(tiny_model))
     await engine.start([ChatMessage("system", DEFAULT_SYSTEM_PROMPT)])
     prompts = PromptBuilder(
@@ -55,11 +56,11 @@ async def parts(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Parts]:
         store=store,
         prompts=prompts,
         scenarios=ScenarioRegistry(settings.scenarios),
-        config=PipelineConfig(request_timeout_s=60, model_name="tiny"),
+        model_name="tiny",
     )
     out = io.StringIO()
     adapter = ConsoleAdapter(stdin=io.StringIO(""), stdout=out)
-    await adapter.start(lambda m: pipeline.handle(m, adapter))
+    await adapter.start(submit_to(pipeline, adapter))
     try:
         yield Parts(pipeline, engine, store, adapter, out, db_url)
     finally:

@@ -16,7 +16,7 @@ async def serve(parts: Any) -> tuple[Any, str]:
 
 
 async def test_healthz_readyz_and_metrics_answer_when_everything_is_up(parts: Any) -> None:
-    await parts.adapter._handler(parts.adapter.to_message("what is failing?"))
+    await parts.adapter._submit(parts.adapter.to_message("what is failing?"))
     runner, base = await serve(parts)
     try:
         async with aiohttp.ClientSession() as http:

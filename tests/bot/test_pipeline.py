@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bot.adapters.console import ConsoleAdapter
-from bot.pipeline import ENGINE_DEAD_TEXT, pick_lane, pick_scenario
+from bot.app import submit_to
+from bot.pipeline import ENGINE_DEAD_TEXT
+from bot.routing import pick_lane, pick_scenario
 from bot.store import Store
 from bot.types import IncomingMessage, MessageKind
 from inference.engine import Lane
@@ -29,7 +31,7 @@ async def wait_for_rows(store: Store, count: int) -> list:
 
 
 async def test_a_question_streams_an_answer_and_records_one_row_with_timings(parts: Any) -> None:
-    await parts.adapter._handler(parts.adapter.to_message("which pods are crashlooping?"))  # type: ignore[misc]
+    await parts.adapter._submit(parts.adapter.to_message("which pods are crashlooping?"))  # type: ignore[misc]
     printed = parts.out.getvalue()
     assert "first token" in printed and "ms/token" in printed and "tokens" in printed
     (group,) = await wait_for_rows(parts.store, 1)
@@ -39,10 +41,10 @@ async def test_a_question_streams_an_answer_and_records_one_row_with_timings(par
 
 async def test_a_follow_up_sees_the_thread_history(parts: Any) -> None:
     adapter = parts.adapter
-    await adapter._handler(adapter.to_message("first question about api-gateway"))  # type: ignore[misc]
+    await adapter._submit(adapter.to_message("first question about api-gateway"))  # type: ignore[misc]
     follow = adapter.to_message("and what about the database?")
     assert follow.kind is MessageKind.FOLLOWUP
-    await adapter._handler(follow)  # type: ignore[misc]
+    await adapter._submit(follow)  # type: ignore[misc]
     for _ in range(100):
         history = await parts.store.thread_history("console", "terminal", adapter.session)
         if len(history) == 4:
@@ -62,8 +64,8 @@ async def test_the_same_event_delivered_twice_is_answered_once(parts: Any) -> No
 
 
 async def test_rca_help_and_status_answer_without_the_engine(parts: Any) -> None:
-    await parts.adapter._handler(parts.adapter.to_message("/rca help"))  # type: ignore[misc]
-    await parts.adapter._handler(parts.adapter.to_message("/rca status"))  # type: ignore[misc]
+    await parts.adapter._submit(parts.adapter.to_message("/rca help"))  # type: ignore[misc]
+    await parts.adapter._submit(parts.adapter.to_message("/rca status"))  # type: ignore[misc]
     out = parts.out.getvalue()
     assert "/rca <question" in out
     assert "Queue: urgent" in out and "KV cache" in out and "TTFT last hour" in out
@@ -71,7 +73,7 @@ async def test_rca_help_and_status_answer_without_the_engine(parts: Any) -> None
 
 async def test_a_dead_engine_is_reported_in_the_thread_and_recorded(parts: Any) -> None:
     await parts.engine.shutdown(1)
-    await parts.adapter._handler(parts.adapter.to_message("is anything wrong?"))  # type: ignore[misc]
+    await parts.adapter._submit(parts.adapter.to_message("is anything wrong?"))  # type: ignore[misc]
     out = parts.out.getvalue()
     assert ":warning:" in out
     (group,) = await wait_for_rows(parts.store, 1)
@@ -80,7 +82,7 @@ async def test_a_dead_engine_is_reported_in_the_thread_and_recorded(parts: Any) 
 
 async def test_secrets_in_the_question_never_reach_the_store(parts: Any) -> None:
     secret = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
-    await parts.adapter._handler(parts.adapter.to_message(f"my token is {secret} why 401?"))  # type: ignore[misc]
+    await parts.adapter._submit(parts.adapter.to_message(f"my token is {secret} why 401?"))  # type: ignore[misc]
     for _ in range(100):
         history = await parts.store.thread_history("console", "terminal", parts.adapter.session)
         if history:
@@ -105,7 +107,7 @@ def test_scenario_and_lane_follow_the_kind_of_question() -> None:
 async def test_the_terminal_repl_reads_lines_until_quit(parts: Any) -> None:
     out = io.StringIO()
     adapter = ConsoleAdapter(stdin=io.StringIO("what is failing?\n\n/quit\nnever asked\n"), stdout=out)
-    await adapter.start(lambda m: parts.pipeline.handle(m, adapter))
+    await adapter.start(submit_to(parts.pipeline, adapter))
     await adapter.repl()
     assert out.getvalue().count("first token") == 1
     assert ENGINE_DEAD_TEXT not in out.getvalue()

@@ -18,9 +18,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prom_fixtures import ALERT_NAME, TOKEN, start_stack
 
-from bot.adapters.base import ChatAdapter, MessageHandler, ReplyStream
+from bot.adapters.alertmanager import AlertmanagerReceiver
+from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.config import Settings, StoreSettings
-from bot.context.alertmanager import AlertmanagerReceiver, describe, notification_digest
+from bot.context.alertmanager import describe, notification_digest
 from bot.store import Store
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
@@ -48,7 +49,7 @@ class RecordingAdapter(ChatAdapter):
         self.posts: list[tuple[str, str, str | None]] = []
         self.posted = asyncio.Queue[tuple[str, str, str | None]]()
 
-    async def start(self, handler: MessageHandler) -> None:
+    async def start(self, submit: MessageSink) -> None:
         pass
 
     async def stop(self) -> None:
@@ -67,15 +68,30 @@ class RecordingAdapter(ChatAdapter):
 
 
 class Recorder:
-    """pipeline_handle test double."""
+    """Pipeline test double: records the messages submitted to it, runs tracked work."""
 
     def __init__(self) -> None:
         self.messages: list[tuple[IncomingMessage, ChatAdapter]] = []
         self.queue = asyncio.Queue[IncomingMessage]()
+        self.tasks: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
+    def submit(self, message: IncomingMessage, adapter: ChatAdapter) -> asyncio.Task[None]:
+        return self.track(self._record(message, adapter), "recorded")
+
+    async def _record(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
         self.messages.append((message, adapter))
         await self.queue.put(message)
+
+    def track(self, work: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def drain(self) -> None:
+        """Wait for every tracked task, including tasks the tracked ones submit meanwhile."""
+        while self.tasks:
+            await asyncio.gather(*self.tasks)
 
 
 async def _next(queue: asyncio.Queue[Any], timeout: float = 30.0) -> Any:
@@ -193,7 +209,7 @@ async def test_repeats_refires_partial_and_full_resolves_stay_in_the_groups_thre
 
     async def send(payload: dict[str, Any]) -> None:
         assert (await client.post("/alertmanager", json=payload, headers=AUTH)).status == 200
-        await receiver.drain()
+        await recorder.drain()
 
     await send(_payload(fingerprints=("aaa",)))
     await send(_payload(fingerprints=("aaa",)))  # repeat notification: nothing new to say
@@ -218,7 +234,7 @@ async def test_a_group_that_fires_again_after_resolving_is_analysed_in_the_same_
     client = await client_for(receiver)
     for payload in (_payload(), _payload("resolved"), _payload()):
         assert (await client.post("/alertmanager", json=payload)).status == 200
-        await receiver.drain()
+        await recorder.drain()
     assert [m.thread_id for m, _ in recorder.messages] == ["slack-thread-1", "slack-thread-1"]
     assert len([p for p in adapters["slack"].posts if p[2] is None]) == 1
 
@@ -259,11 +275,11 @@ async def test_an_alert_from_real_prometheus_through_real_alertmanager_gets_one_
             channel, note, thread = await _next(slack.posted, 60)
             assert (channel, thread) == ("C-ALERTS", "slack-thread-1")
             assert note.startswith(":white_check_mark: Resolved: " + ALERT_NAME)
-            await receiver.drain()
+            await recorder.drain()
             assert len(recorder.messages) == 1  # the resolve is a note, not a new analysis
             assert [p for p in slack.posts if p[2] is None] == [(channel, header, None)]
         finally:
-            await receiver.drain()
+            await recorder.drain()
             await server.close()
     except BaseException:
         print(stack.logs())

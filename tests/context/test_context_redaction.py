@@ -8,7 +8,7 @@ import pytest
 from corpus import INJECTIONS, SECRETS
 from prometheus_client import REGISTRY
 
-from bot.context.redact import REDACTED, RedactingFilter, is_secret_name, redact
+from bot.redact import REDACTED, RedactingFilter, is_secret_name, redact
 
 
 def test_the_corpus_plants_at_least_200_secrets_in_every_place_and_50_injections():

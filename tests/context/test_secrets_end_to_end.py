@@ -25,7 +25,7 @@ from bot.config import Settings, StoreSettings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine
 from bot.logs import setup_logging
-from bot.pipeline import Pipeline, PipelineConfig
+from bot.pipeline import Pipeline
 from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder
 from bot.store import Store
 from bot.types import IncomingMessage, MessageKind
@@ -96,7 +96,7 @@ async def world(tiny_model: Path, tmp_path: Path) -> AsyncIterator[dict[str, Any
     log_stream = io.StringIO()
     setup_logging("DEBUG", stream=log_stream)
     db = tmp_path / "opsbot.db"
-    store = await Store.open(f"sqlite+aiosqlite:///{db}", StoreSettings(retry_initial_s=0.02))
+    store = await Store.open(f"sqlite+aiosqlite:///{db}", StoreSettings(retry={"initial_s": 0.02}))
     engine = RecordingEngine(build_engine(settings, str(tiny_model)))
     await engine.start([ChatMessage("system", DEFAULT_SYSTEM_PROMPT)])
     context = ContextGatherer.from_settings(settings)
@@ -113,7 +113,6 @@ async def world(tiny_model: Path, tmp_path: Path) -> AsyncIterator[dict[str, Any
         prompts=prompts,
         scenarios=ScenarioRegistry(settings.scenarios),
         context=context,
-        config=PipelineConfig(request_timeout_s=60),
     )
     out = io.StringIO()
     adapter = ConsoleAdapter(stdin=io.StringIO(""), stdout=out)

@@ -14,9 +14,10 @@ from aiohttp import web
 from fakes.slack_server import FakeMessage, FakeSlack
 
 from bot.adapters.slack import SlackAdapter
+from bot.app import submit_to
 from bot.config import Settings, SlackSettings
 from bot.engine_factory import build_engine
-from bot.pipeline import Pipeline, PipelineConfig
+from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.store import Store
 from inference.engine import Engine
@@ -35,8 +36,7 @@ def slack_settings(fake: FakeSlack, mode: str = "socket", **overrides: Any) -> S
         "signing_secret": fake.signing_secret,
         "api_base_url": fake.api_url,
         "socket_ping_interval_s": 0.5,
-        "retry_backoff_s": 0.05,
-        "drain_timeout_s": 5.0,
+        "retry": {"initial_s": 0.05},
     }
     values.update(overrides)
     return SlackSettings(**values)
@@ -99,7 +99,7 @@ async def start_bot(
         store=store,
         prompts=prompts,
         scenarios=ScenarioRegistry(settings.scenarios),
-        config=PipelineConfig(request_timeout_s=60, model_name="tiny"),
+        model_name="tiny",
     )
     adapter = SlackAdapter(settings.slack, store)
     bot = SlackBot(settings, store, engine, pipeline, adapter)
@@ -113,10 +113,7 @@ async def start_bot(
         await site.start()
         bot.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
-    async def handle(message: Any) -> None:
-        await pipeline.handle(message, adapter)
-
-    await adapter.start(handle)
+    await adapter.start(submit_to(pipeline, adapter))
     return bot
 
 
@@ -124,6 +121,7 @@ async def stop_bot(bot: SlackBot) -> None:
     """Shut a bot down the way bot/app.py does: adapter, drain, HTTP, engine, store."""
     await bot.adapter.stop()
     await bot.pipeline.drain(2.0)
+    await bot.adapter.close()
     if bot.runner is not None:
         await bot.runner.cleanup()
         bot.runner = None
@@ -148,10 +146,10 @@ def feedback_action_ids(msg: FakeMessage) -> list[str]:
     return out
 
 
-async def settled(*adapters: SlackAdapter, timeout_s: float = 30.0) -> None:
-    """Wait until no adapter has work in progress."""
+async def settled(*bots: SlackBot, timeout_s: float = 30.0) -> None:
+    """Wait until no bot has work in progress (the pipeline owns all of it)."""
     deadline = time.monotonic() + timeout_s
-    while any(a._tasks for a in adapters):
+    while any(b.pipeline.in_flight for b in bots):
         if time.monotonic() > deadline:
             raise AssertionError("adapters still busy")
         await asyncio.sleep(0.05)

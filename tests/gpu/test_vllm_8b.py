@@ -15,12 +15,13 @@ import pytest_asyncio
 from gpu_streams import chat_request, collect
 
 from inference.admission import AdmittedEngine
+from inference.config import EngineConfig
 from inference.engine import (
     ChatMessage,
     GenerationRequest,
     Lane,
 )
-from inference.vllm_engine import VllmEngine, VllmEngineConfig
+from inference.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -31,7 +32,7 @@ SYSTEM = ChatMessage(
 )
 
 
-def config_8b(model: Path, **overrides: object) -> VllmEngineConfig:
+def config_8b(model: Path, **overrides: object) -> EngineConfig:
     base: dict[str, object] = {
         "model": str(model),
         "load_format": "dummy",
@@ -43,7 +44,7 @@ def config_8b(model: Path, **overrides: object) -> VllmEngineConfig:
         "scheduling_policy": "priority",
     }
     base.update(overrides)
-    return VllmEngineConfig(**base)  # type: ignore[arg-type]
+    return EngineConfig(**base)  # type: ignore[arg-type]
 
 
 def request(rid: str, question: str, *, lane: Lane = Lane.NORMAL, max_tokens: int = 32) -> GenerationRequest:

@@ -20,6 +20,7 @@ import pytest_asyncio
 from gpu_streams import chat_request, collect
 
 from inference.admission import AdmissionConfig, AdmittedEngine
+from inference.config import EngineConfig
 from inference.engine import (
     ChatMessage,
     EngineDeadError,
@@ -29,7 +30,7 @@ from inference.engine import (
     RequestAbortedError,
     TextDelta,
 )
-from inference.vllm_engine import VllmEngine, VllmEngineConfig
+from inference.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -39,7 +40,7 @@ SYSTEM = ChatMessage(
 )
 
 
-def tiny_config(model: Path, **overrides: object) -> VllmEngineConfig:
+def tiny_config(model: Path, **overrides: object) -> EngineConfig:
     base: dict[str, object] = {
         "model": str(model),
         "dtype": "bfloat16",
@@ -52,7 +53,7 @@ def tiny_config(model: Path, **overrides: object) -> VllmEngineConfig:
         "max_restarts": 1,
     }
     base.update(overrides)
-    return VllmEngineConfig(**base)  # type: ignore[arg-type]
+    return EngineConfig(**base)  # type: ignore[arg-type]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

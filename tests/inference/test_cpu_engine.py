@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.cpu_engine import CpuEngine, CpuEngineConfig, _IncrementalDetokenizer
+from inference.admission import AdmittedEngine
+from inference.config import EngineConfig
+from inference.cpu_engine import CpuEngine, _IncrementalDetokenizer
 from inference.engine import (
     ChatMessage,
     EngineDeadError,
@@ -72,7 +74,7 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> No
 
 
 def started_engine(model: Path, **overrides: object) -> CpuEngine:
-    engine = CpuEngine(CpuEngineConfig(model=str(model), threads=1, **overrides))  # type: ignore[arg-type]
+    engine = CpuEngine(EngineConfig(model=str(model), cpu_threads=1, **overrides))  # type: ignore[arg-type]
     asyncio.run(engine.start(QUESTION[:1]))
     return engine
 
@@ -80,7 +82,7 @@ def started_engine(model: Path, **overrides: object) -> CpuEngine:
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Iterator[CpuEngine]:
     """One started engine (4 workers) shared by the tests that do not stop it."""
-    eng = started_engine(tiny_model, max_concurrency=4)
+    eng = started_engine(tiny_model, cpu_max_concurrency=4)
     yield eng
     asyncio.run(eng.shutdown(drain_timeout_s=5))
 
@@ -237,7 +239,7 @@ async def test_the_event_loop_stays_responsive_while_requests_decode(engine: Cpu
 
 
 async def test_stats_count_running_and_waiting_by_lane_and_urgent_jumps_the_queue(tiny_model: Path) -> None:
-    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1, max_concurrency=1))
+    engine = CpuEngine(EngineConfig(model=str(tiny_model), cpu_threads=1, cpu_max_concurrency=1))
     await engine.start()
     try:
         blocker = engine.generate(make_request("blocker", max_tokens=2000))
@@ -338,7 +340,10 @@ async def test_cancelling_the_reading_task_aborts_the_request(
 
 
 async def test_a_request_past_its_timeout_is_aborted(tiny_model: Path) -> None:
-    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1, request_timeout_s=0.001))
+    # The deadline is enforced in one layer for every backend: the admission front.
+    engine = AdmittedEngine(
+        CpuEngine(EngineConfig(model=str(tiny_model), cpu_threads=1)), request_timeout_s=0.001
+    )
     await engine.start()
     try:
         with pytest.raises(RequestAbortedError, match="timed out"):
@@ -348,7 +353,7 @@ async def test_a_request_past_its_timeout_is_aborted(tiny_model: Path) -> None:
 
 
 async def test_the_answer_is_cut_at_the_configured_context_window(tiny_model: Path) -> None:
-    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1, max_model_len=60))
+    engine = CpuEngine(EngineConfig(model=str(tiny_model), cpu_threads=1, max_model_len=60))
     await engine.start()
     try:
         _, result = await collect(engine.generate(make_request("window-1", max_tokens=100)))
@@ -362,7 +367,7 @@ async def test_the_answer_is_cut_at_the_configured_context_window(tiny_model: Pa
 
 
 async def test_health_follows_the_life_cycle_and_shutdown_drains_in_flight_requests(tiny_model: Path) -> None:
-    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1))
+    engine = CpuEngine(EngineConfig(model=str(tiny_model), cpu_threads=1))
     assert not engine.health().ready and "not started" in engine.health().reason
     with pytest.raises(EngineDeadError):
         await anext(engine.generate(make_request("early-1")))
@@ -389,7 +394,7 @@ async def test_health_follows_the_life_cycle_and_shutdown_drains_in_flight_reque
 
 
 async def test_shutdown_aborts_what_outlives_the_drain_deadline(tiny_model: Path) -> None:
-    engine = CpuEngine(CpuEngineConfig(model=str(tiny_model), threads=1, max_concurrency=1))
+    engine = CpuEngine(EngineConfig(model=str(tiny_model), cpu_threads=1, cpu_max_concurrency=1))
     await engine.start()
     running = engine.generate(make_request("outlive-1", max_tokens=2000))
     await anext(running)
@@ -409,7 +414,7 @@ async def test_shutdown_aborts_what_outlives_the_drain_deadline(tiny_model: Path
 
 
 async def start_error(path: Path | str, **overrides: object) -> str:
-    engine = CpuEngine(CpuEngineConfig(model=str(path), **overrides))  # type: ignore[arg-type]
+    engine = CpuEngine(EngineConfig(model=str(path), **overrides))  # type: ignore[arg-type]
     with pytest.raises(EngineStartupError) as info:
         await engine.start()
     health = engine.health()
@@ -469,9 +474,9 @@ async def test_an_unknown_model_type_is_a_startup_error(tiny_model: Path, tmp_pa
 
 def test_bad_settings_are_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="dtype"):
-        CpuEngine(CpuEngineConfig(model="x", dtype="int3"))
+        CpuEngine(EngineConfig(model="x", dtype="int3"))
     with pytest.raises(ValueError, match="max_concurrency"):
-        CpuEngine(CpuEngineConfig(model="x", max_concurrency=0))
+        CpuEngine(EngineConfig(model="x", cpu_max_concurrency=0))
 
 
 # --- incremental detokenization ------------------------------------------------------------------

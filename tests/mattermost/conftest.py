@@ -18,9 +18,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mm_helpers import ACTION_SECRET, SLASH_TOKEN, Bot, BotFactory, make_pipeline  # noqa: E402
 
 from bot.adapters.mattermost import MattermostAdapter
+from bot.app import submit_to
 from bot.config import MattermostSettings, StoreSettings
 from bot.store import Store
-from inference.cpu_engine import CpuEngine, CpuEngineConfig
+from inference.config import EngineConfig
+from inference.cpu_engine import CpuEngine
 from inference.engine import Engine
 
 
@@ -34,7 +36,7 @@ async def fake() -> AsyncIterator[FakeMattermost]:
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
     opened = await Store.open(
         f"sqlite+aiosqlite:///{tmp_path / 'opsbot.db'}",
-        StoreSettings(retry_initial_s=0.02, retry_max_s=0.2, busy_timeout_ms=5000),
+        StoreSettings(retry={"initial_s": 0.02, "max_s": 0.2}, busy_timeout_ms=5000),
     )
     try:
         yield opened
@@ -44,7 +46,9 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 @pytest.fixture
 async def engine(tiny_model: Path) -> AsyncIterator[Engine]:
-    eng = CpuEngine(CpuEngineConfig(model=str(tiny_model), max_concurrency=2, threads=1, max_model_len=1024))
+    eng = CpuEngine(
+        EngineConfig(model=str(tiny_model), cpu_max_concurrency=2, cpu_threads=1, max_model_len=1024)
+    )
     await eng.start()
     try:
         yield eng
@@ -69,10 +73,8 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
             "public_url": url,
             "edit_interval_s": 0.2,
             "websocket_silence_s": 2.0,
-            "reconnect_initial_s": 0.05,
-            "reconnect_max_s": 0.5,
-            "retry_initial_s": 0.05,
-            "retry_max_s": 0.3,
+            "reconnect": {"initial_s": 0.05, "max_s": 0.5},
+            "retry": {"initial_s": 0.05, "max_s": 0.3},
             "channel_post_interval_s": 0.0,
             "request_timeout_s": 10.0,
         }
@@ -87,10 +89,7 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
         await runner.setup()
         await web.SockSite(runner, sock).start()
 
-        async def handle(message: Any) -> None:
-            await pipeline.handle(message, adapter)
-
-        await adapter.start(handle)
+        await adapter.start(submit_to(pipeline, adapter))
         bot = Bot(adapter, pipeline, runner, url)
         bots.append(bot)
         return bot

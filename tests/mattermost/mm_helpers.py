@@ -53,6 +53,7 @@ class Bot:
         self.stopped = True
         await self.adapter.stop()
         await self.pipeline.drain(10)
+        await self.adapter.close()
         await self.runner.cleanup()
 
 

@@ -78,7 +78,9 @@ async def test_429_and_500_on_post_creation_over_100_answers_deliver_every_answe
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
     failed_before = metric("opsbot_replies_failed_total", platform="mattermost")
-    bot = await start_bot(max_tokens=1, edit_interval_s=0.02, max_retries=15)
+    bot = await start_bot(
+        max_tokens=1, edit_interval_s=0.02, retry={"initial_s": 0.05, "max_s": 0.3, "max_retries": 15}
+    )
     # Of all creates: 30 % rate-limited, 10 % failing before the post is made and 10 % failing
     # after it was made (the client cannot tell; pending_post_id keeps the retry idempotent).
     fake.add_fault("POST", "/api/v4/posts", 429, probability=0.3, retry_after=0.25, seed=1)
@@ -114,7 +116,7 @@ async def test_a_reply_that_cannot_be_delivered_after_retries_is_counted_and_log
 ) -> None:
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
-    await start_bot(max_tokens=1, max_retries=2)
+    await start_bot(max_tokens=1, retry={"initial_s": 0.05, "max_s": 0.3, "max_retries": 2})
     fake.add_fault("PUT", r"/api/v4/posts/\w+/patch", 503)
     before = metric("opsbot_replies_failed_total", platform="mattermost")
     caplog.set_level(logging.INFO)
@@ -185,7 +187,7 @@ async def test_two_replicas_sharing_one_database_answer_every_mention_once(
 ) -> None:
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
-    settings = StoreSettings(retry_initial_s=0.02, retry_max_s=0.2, busy_timeout_ms=5000)
+    settings = StoreSettings(retry={"initial_s": 0.02, "max_s": 0.2}, busy_timeout_ms=5000)
     stores = [await Store.open(shared_db_url, settings) for _ in range(2)]
     try:
         bots = [await start_bot(max_tokens=1, edit_interval_s=0.02, bot_store=s) for s in stores]

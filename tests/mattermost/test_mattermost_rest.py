@@ -20,7 +20,8 @@ def retries(reason: str, method: str) -> float:
 
 
 def fast(**fields: object) -> MattermostSettings:
-    return MattermostSettings(retry_initial_s=0.01, retry_max_s=0.05, request_timeout_s=5, **fields)  # type: ignore[arg-type]
+    retry = {"initial_s": 0.01, "max_s": 0.05, **fields.pop("retry", {})}  # type: ignore[dict-item]
+    return MattermostSettings(retry=retry, request_timeout_s=5, **fields)  # type: ignore[arg-type]
 
 
 async def test_a_bad_token_is_not_retried_and_the_servers_error_body_is_kept(fake: FakeMattermost) -> None:
@@ -42,7 +43,9 @@ async def test_connection_errors_are_retried_then_reported() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there any more
-    rest = MattermostRest(fast(url="127.0.0.1", scheme="http", port=port, token="t", max_retries=2))
+    rest = MattermostRest(
+        fast(url="127.0.0.1", scheme="http", port=port, token="t", retry={"max_retries": 2})
+    )
     before = retries("connection", "GET /users/me")
     await rest.start()
     try:
@@ -81,5 +84,6 @@ async def test_post_to_channel_starts_a_thread_and_replies_in_it(fake: FakeMatte
         again = await adapter.post_to_channel(channel, "still firing", thread_id=root)
     finally:
         await adapter.stop()
+        await adapter.close()
     assert again == root
     assert [p["root_id"] for p in fake.thread(root)] == ["", root]

@@ -38,7 +38,7 @@ async def fake(tmp_path: Path) -> AsyncIterator[FakeMattermost]:
 async def test_a_self_signed_certificate_is_refused_when_tls_verification_is_on(
     fake: FakeMattermost, store: Store
 ) -> None:
-    settings = MattermostSettings(enabled=True, max_retries=0, **fake.settings_kwargs())
+    settings = MattermostSettings(enabled=True, retry={"max_retries": 0}, **fake.settings_kwargs())
     assert settings.verify_tls and settings.scheme == "https"
     adapter = MattermostAdapter(settings, store)
 

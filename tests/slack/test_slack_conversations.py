@@ -29,7 +29,7 @@ async def test_mention_is_answered_once_in_the_thread_of_the_message(
         await slack.deliver_event(e)
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 1)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
-    await settled(bot.adapter)
+    await settled(bot)
     (answer,) = answers(slack, "C1")
     assert answer.thread_ts == event["ts"]
     assert len(slack.bot_messages("C1")) == 1
@@ -70,7 +70,7 @@ async def test_bot_messages_edits_and_deletions_are_not_answered(
     for e in (edited, deleted, own, other_bot):
         await slack.deliver_event(e)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
-    await settled(bot.adapter)
+    await settled(bot)
     assert slack.bot_messages() == []
 
 
@@ -85,7 +85,7 @@ async def test_rca_is_acked_then_answered_in_a_thread_under_a_message_quoting_it
     quote = next(m for m in slack.bot_messages("C1") if m.thread_ts is None)
     assert "<@U7>" in quote.text and "payments-api 5xx spike" in quote.text
     assert answers(slack, "C1")[0].thread_ts == quote.ts
-    await settled(bot.adapter)
+    await settled(bot)
     rows = await request_rows(bot.store)
     assert [(r[0], r[1]) for r in rows] == [("C1", quote.ts)]
 
@@ -122,7 +122,7 @@ async def test_follow_up_in_a_bot_thread_is_answered_after_a_restart(
     unrelated = slack.user_message("C1", "U1", "lunch?", thread_ts=slack.user_message("C1", "U2", "hi")["ts"])
     await slack.deliver_event(unrelated)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
-    await settled(bot.adapter)
+    await settled(bot)
     assert len(answers(slack, "C1")) == 2
 
 
@@ -135,7 +135,7 @@ async def test_feedback_click_is_stored_with_the_request_id(slack: FakeSlack, ma
     request_id = up.split(":", 1)[1]
     env = await slack.deliver("interactive", slack.block_action(answer, "U1", up, "1"))
     await slack.wait_for(lambda: env.acked_at is not None)
-    await settled(bot.adapter)
+    await settled(bot)
     assert bot.store is not None
 
     async def stored() -> list[tuple[str, int]]:
@@ -155,7 +155,7 @@ async def test_refusals_outside_the_allow_lists_are_ephemeral_and_say_why(
     await slack.deliver_event(slack.mention_events(event)[0], copies=2)
     env = await slack.deliver("slash_commands", slack.slash_command("C1", "U9", "db down"))
     await slack.wait_for(lambda: len(slack.ephemerals) == 1 and env.acked_at is not None)
-    await settled(bot.adapter)
+    await settled(bot)
     assert "allowed_channels" in slack.ephemerals[0]["text"]
     assert "allowed_users" in (env.ack_payload or {}).get("text", "")
     assert slack.bot_messages() == []

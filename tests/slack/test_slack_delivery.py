@@ -70,7 +70,7 @@ async def test_every_event_delivered_four_times_gets_exactly_one_answer_and_one_
     events = [await _mention_four_times(slack, "C1", f"question {i}") for i in range(5)]
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 5, timeout_s=60)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
-    await settled(bot.adapter)
+    await settled(bot)
     assert len(slack.envelopes) == 5 * 2 * 4
     assert sorted(m.thread_ts or "" for m in slack.bot_messages("C1")) == sorted(str(e["ts"]) for e in events)
     rows = await request_rows(bot.store)
@@ -88,7 +88,7 @@ async def test_two_replicas_sharing_postgres_answer_each_event_exactly_once(
     events = [await _mention_four_times(slack, "C1", f"replica question {i}") for i in range(6)]
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 6, timeout_s=90)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
-    await settled(first.adapter, second.adapter)
+    await settled(first, second)
     # round robin spread the deliveries over both connections
     assert {env.connection for env in slack.envelopes.values()} == {1, 2}
     assert sorted(m.thread_ts or "" for m in slack.bot_messages("C1")) == sorted(str(e["ts"]) for e in events)
@@ -101,7 +101,7 @@ async def test_250_rca_commands_with_the_engine_stalled_are_all_acked_within_3_s
     slack: FakeSlack, make_bot: BotFactory
 ) -> None:
     # every generation waits until the end of the test: the engine is stalled
-    await make_bot(wrap_engine=StalledEngine, drain_timeout_s=0.5)
+    await make_bot(wrap_engine=StalledEngine)
     envelopes = [
         await slack.deliver(
             "slash_commands", slack.slash_command(f"C{i % 5}", f"U{i}", f"service-{i} is down")
@@ -124,7 +124,9 @@ async def test_flaky_web_api_still_delivers_100_answers_honouring_retry_after_an
         for m in CHAT_METHODS
         for r in ("ratelimited", "server_error", "connection")
     )
-    bot = await make_bot(max_retries=14, channel_post_interval_s=1.0, edit_interval_s=1.0)
+    bot = await make_bot(
+        retry={"initial_s": 0.05, "max_retries": 14}, channel_post_interval_s=1.0, edit_interval_s=1.0
+    )
     slack.rules.append(FaultRule(methods=CHAT_METHODS, ratelimited=0.3, server_error=0.2, seed=7))
     events = []
     for i in range(100):
@@ -134,7 +136,7 @@ async def test_flaky_web_api_still_delivers_100_answers_honouring_retry_after_an
     # Pacing (1 post/s) plus Retry-After waits make this take 4-7 min on 2 cores, depending on how
     # the faults fall; the deadline is generous because delivery, not speed, is what is checked.
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 100, timeout_s=840)
-    await settled(bot.adapter)
+    await settled(bot)
 
     assert sorted(m.thread_ts or "" for m in answers(slack, "C1")) == sorted(str(e["ts"]) for e in events)
     calls = [c for c in slack.calls if c.method in CHAT_METHODS]
@@ -184,7 +186,7 @@ async def test_socket_mode_disconnect_every_few_messages_loses_no_mention(
             await slack.disconnect(reason="refresh_requested", drop=True)
             await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 1)  # noqa: B023
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 15, timeout_s=120)
-    await settled(bot.adapter)
+    await settled(bot)
     assert slack.connections_opened >= 5
     assert sorted(m.thread_ts or "" for m in answers(slack, "C1")) == sorted(str(e["ts"]) for e in events)
     assert len(slack.bot_messages("C1")) == 15
@@ -205,7 +207,7 @@ async def test_dropped_connections_and_500s_are_retried_with_backoff_and_counted
     slack.rules.append(FaultRule(methods=frozenset({"chat.update"}), server_error=1.0, times=2))
     await slack.deliver_event(slack.user_message("D1", "U1", "are you there?", channel_type="im"))
     await slack.wait_for(lambda: len(answers(slack, "D1")) == 1)
-    await settled(bot.adapter)
+    await settled(bot)
     assert _retries("chat.postMessage", "connection") - dropped_before == 2
     assert _retries("chat.update", "server_error") - failed_before == 2
     assert len(slack.bot_messages("D1")) == 1  # a dropped request was never half-posted

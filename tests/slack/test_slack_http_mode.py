@@ -26,7 +26,7 @@ async def test_a_bad_signature_is_refused_with_401_and_the_body_is_not_logged(
     assert post.status == 401
     assert "bad signature" in caplog.text
     assert SECRET_TEXT not in caplog.text
-    await settled(bot.adapter)
+    await settled(bot)
     assert slack.bot_messages() == []
 
 
@@ -62,7 +62,7 @@ async def test_http_mention_with_slack_retries_is_acked_every_time_and_answered_
             post = await slack.post_to_app(bot.events_url, "event", callback, retry_num=retry)
             assert post.status == 200
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 1)
-    await settled(bot.adapter)
+    await settled(bot)
     assert len(slack.bot_messages("C1")) == 1
     assert len(await request_rows(bot.store)) == 1
 

@@ -18,7 +18,7 @@ from bot.store import Store
 @pytest.fixture
 def store_settings() -> StoreSettings:
     """Retry delays and timeouts small enough that outage tests take a second, not minutes."""
-    return StoreSettings(retry_initial_s=0.02, retry_max_s=0.2, connect_timeout_s=2.0, busy_timeout_ms=2000)
+    return StoreSettings(retry={"initial_s": 0.02, "max_s": 0.2}, connect_timeout_s=2.0, busy_timeout_ms=2000)
 
 
 @pytest.fixture

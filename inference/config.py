@@ -1,0 +1,149 @@
+"""Engine and admission configuration, declared once.
+
+These pydantic models are the ``[engine]`` and ``[admission]`` sections of ``opsbot.toml`` (the bot's
+``Settings`` embeds them as they are) and the configuration every backend reads: the vLLM engine,
+the CPU engine and the admission controller take the same object, so no field is copied into a
+per-backend twin. Each field has a default and a docstring; the README's configuration reference is
+generated from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inference.engine import Lane
+
+
+class ConfigSection(BaseModel):
+    """Base of every configuration section: unknown keys are errors (typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class EngineConfig(ConfigSection):
+    """The inference engine: which backend, which model, and every knob the backends read."""
+
+    backend: Literal["auto", "cpu", "vllm"] = "auto"
+    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU) or ``auto`` (vllm when CUDA and
+    vLLM are importable, else cpu)."""
+    model: str | None = None
+    """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
+    tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
+    tokenizer: str | None = None
+    """Tokenizer folder or id when it differs from ``model``."""
+    revision: str | None = None
+    """Hugging Face revision (branch, tag or commit) of ``model``."""
+    trust_remote_code: bool = False
+    """Allow model code from the model folder / hub (only for models you trust)."""
+    dtype: str = "auto"
+    """Weight and activation dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``."""
+    quantization: str | None = None
+    """Override the detected quantization (``awq``, ``gptq``, ``fp8``, ``compressed-tensors``,
+    ``bitsandbytes``); ``fp8`` on a bf16 checkpoint quantizes online on Hopper GPUs."""
+    kv_cache_dtype: str = "auto"
+    """KV-cache dtype (``auto`` or ``fp8``): fp8 doubles cache capacity at a small accuracy cost."""
+    load_format: str = "auto"
+    """vLLM weight loading (``auto``, ``safetensors``, ``dummy`` for random weights in benchmarks)."""
+    gpu_memory_utilization: float = Field(0.90, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may take (weights + KV cache)."""
+    max_model_len: int = Field(4096, ge=16)
+    """Context window in tokens (prompt + answer)."""
+    max_num_seqs: int = Field(64, ge=1)
+    """Sequences decoded together in one batch (continuous batching width)."""
+    max_num_batched_tokens: int | None = Field(8192, ge=256)
+    """Tokens per scheduler step (prefill chunk budget); ``None`` keeps vLLM's default."""
+    block_size: int = Field(16, ge=1)
+    """PagedAttention KV block size in tokens."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes (the shared system prompt)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one model is split across."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
+    compilation_level: int | None = None
+    """vLLM compilation level (0-3); ``None`` keeps vLLM's default."""
+    seed: int = 0
+    """Engine random seed."""
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    """vLLM scheduler policy; ``priority`` lets urgent lanes jump the waiting queue."""
+    on_dead: Literal["restart", "exit"] = "restart"
+    """When the engine dies: restart it in-process, or exit non-zero for a supervisor."""
+    max_restarts: int = Field(3, ge=0)
+    """Restarts allowed before giving up and exiting non-zero."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """Graceful shutdown: seconds answers in flight may still run before they are stopped (the one
+    shutdown deadline for every adapter, receiver and the engine)."""
+    request_timeout_s: float | None = Field(300.0, gt=0)
+    """A generation running longer than this (from admission to its last token) is aborted;
+    ``None``: never (benchmarks)."""
+    log_stats: bool = True
+    """vLLM stats logging: exports vLLM's own ``vllm:*`` metrics and per-request timings."""
+    cpu_threads: int | None = Field(None, ge=1)
+    """torch threads for the CPU engine (``None``: torch's default)."""
+    cpu_max_concurrency: int = Field(4, ge=1)
+    """Requests the CPU engine decodes at once."""
+    extra_engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Further vLLM ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
+
+    def require_model(self) -> str:
+        """``model``, which an engine needs set (the bot resolves the default model before building one)."""
+        if not self.model:
+            raise ValueError("engine.model is not set: an engine needs a model folder or Hugging Face id")
+        return self.model
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in ("auto", "bfloat16", "float16", "float32", "half", "float"):
+            raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {value!r}")
+        return value
+
+
+def _lanes(**values: int) -> dict[Lane, int | None]:
+    return {Lane(name): value for name, value in values.items()}
+
+
+class AdmissionConfig(ConfigSection):
+    """Lane admission control in front of the engine (``inference.admission``).
+
+    The defaults are the ones measured on the H200 (bench/README.md). Lanes missing from a
+    mapping are unlimited there.
+    """
+
+    max_in_flight: dict[Lane, int | None] = Field(
+        default_factory=lambda: _lanes(urgent=64, normal=56, background=56)
+    )
+    """Most requests of each lane inside the engine at once. Keep background below
+    ``engine.max_num_seqs`` so an urgent request always finds a free batch slot."""
+    max_prefilling: dict[Lane, int | None] = Field(default_factory=lambda: _lanes(normal=8, background=8))
+    """Most requests of each lane admitted but still before their first token (in prefill); small
+    values keep every engine step short, which bounds an urgent request's wait."""
+    hold_background_while_urgent_prefills: bool = True
+    """Admit no background request while an urgent one waits or has not had its first token."""
+    background_max_in_flight_when_urgent: int | None = Field(None, ge=0)
+    """While urgent work waits or runs, admit background requests only below this many in flight
+    (unset: the background lane's normal limit)."""
+    max_queue: dict[Lane, int | None] = Field(
+        default_factory=lambda: _lanes(urgent=1000, normal=1000, background=1000)
+    )
+    """Most requests waiting per lane; more are refused with a clear message."""
+    queue_timeout_s: float = Field(120.0, gt=0)
+    """A request waiting longer than this for admission fails with 'overloaded'."""
+
+    @field_validator("max_in_flight", "max_prefilling")
+    @classmethod
+    def _at_least_one(cls, values: dict[Lane, int | None]) -> dict[Lane, int | None]:
+        for lane, limit in values.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"the {lane.value} lane's limit must be at least 1 (or unset), got {limit}")
+        return values
+
+    @field_validator("max_queue")
+    @classmethod
+    def _not_negative(cls, values: dict[Lane, int | None]) -> dict[Lane, int | None]:
+        for lane, limit in values.items():
+            if limit is not None and limit < 0:
+                raise ValueError(f"the {lane.value} lane's queue must be 0 or more (or unset), got {limit}")
+        return values

@@ -133,20 +133,12 @@ class OpsBot:
 
     async def shutdown(self) -> None:
         """Stop taking messages, drain every answer in flight (one deadline), close everything."""
-        for adapter in reversed(self.adapters):
-            try:
-                await adapter.stop()
-            except Exception:
-                logger.warning("stopping the %s adapter failed", adapter.platform, exc_info=True)
+        await self._each_adapter("stop")
         if self.alert_receiver is not None:
             self.alert_receiver.stop()
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
-        for adapter in reversed(self.adapters):
-            try:
-                await adapter.close()
-            except Exception:
-                logger.warning("closing the %s adapter failed", adapter.platform, exc_info=True)
+        await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()
         if self.engine is not None:
@@ -156,6 +148,14 @@ class OpsBot:
             await self.context.close()
         if self.store is not None:
             await self.store.close()
+
+    async def _each_adapter(self, step: str) -> None:
+        """``stop`` or ``close`` every adapter, last started first; one failing never stops the rest."""
+        for adapter in reversed(self.adapters):
+            try:
+                await getattr(adapter, step)()
+            except Exception:
+                logger.warning("%s of the %s adapter failed", step, adapter.platform, exc_info=True)
 
 
 def submit_to(pipeline: Pipeline, adapter: ChatAdapter) -> MessageSink:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.config import EngineConfig
+from inference.context import run_in_request
 from inference.engine import (
     ChatMessage,
     Engine,
@@ -376,6 +377,10 @@ class CpuEngine(Engine):
                 return
             _, _, req = heapq.heappop(self._waiting)
             req.running = True
+        # A worker thread starts outside any request: carry this request's id onto its log lines.
+        run_in_request(req.request_id, lambda: self._work_on(req))
+
+    def _work_on(self, req: _Request) -> None:
         try:
             if req.cancel.is_set():
                 logger.info(
@@ -412,6 +417,13 @@ class CpuEngine(Engine):
                 f"the prompt has {len(prompt)} tokens but the context window is {self._context_len}"
             )
         budget = max(0, min(sampling.max_tokens, self._context_len - len(prompt)))
+        logger.debug(
+            "CPU engine request %s: %d prompt tokens, up to %d new, waited %.1f ms for a worker",
+            req.request_id,
+            len(prompt),
+            budget,
+            (req.started - req.created) * 1e3,
+        )
         seed = sampling.seed if sampling.seed is not None else self._next_seed()
         generator = torch.Generator().manual_seed(seed)
         detok = _IncrementalDetokenizer(tok.hf, sampling.stop)

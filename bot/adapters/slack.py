@@ -271,37 +271,34 @@ class SlackAdapter(ChatAdapter):
         budget = RetryBudget(self.settings.retry)
         while True:
             await self._gates.wait(method, channel)
+            http_status: int | None = None
+            wait: float | None = None
             try:
                 resp = await self.client.api_call(method, json=dict(params), headers=headers)
                 return dict(resp.data) if isinstance(resp.data, dict) else {}
             except SlackApiError as exc:
-                status = exc.response.status_code
+                http_status = exc.response.status_code
                 data = exc.response.data
                 error = str(data.get("error", "")) if isinstance(data, dict) else ""
-                detail = error or f"HTTP {status}"
-                if status != 429 and status < 500:
-                    raise slack_error(method, detail, http_status=status) from exc
-                reason = "ratelimited" if status == 429 else "server_error"
-                try:
-                    if status == 429:
-                        delay = budget.after_rate_limit(
-                            retry_after_from_headers(exc.response.headers), detail
-                        )
-                        self._gates.block(method, channel, delay)
-                    else:
-                        delay = budget.after_failure(detail)
-                except RetriesExhausted as gave_up:
-                    raise slack_error(
-                        method, str(gave_up), http_status=status, exhausted=gave_up.reason
-                    ) from exc
+                detail = error or f"HTTP {http_status}"
+                if http_status != 429 and http_status < 500:
+                    raise slack_error(method, detail, http_status=http_status) from exc
+                reason = "ratelimited" if http_status == 429 else "server_error"
+                if http_status == 429:
+                    wait = retry_after_from_headers(exc.response.headers)
+                failure: Exception = exc
             except (aiohttp.ClientError, TimeoutError) as exc:
-                reason, detail = "connection", type(exc).__name__
-                try:
+                reason, detail, failure = "connection", type(exc).__name__, exc
+            try:
+                if reason == "ratelimited":
+                    delay = budget.after_rate_limit(wait, detail)
+                    self._gates.block(method, channel, delay)
+                else:
                     delay = budget.after_failure(detail)
-                except RetriesExhausted as gave_up:
-                    raise slack_error(
-                        method, str(gave_up), http_status=None, exhausted=gave_up.reason
-                    ) from exc
+            except RetriesExhausted as gave_up:
+                raise slack_error(
+                    method, str(gave_up), http_status=http_status, exhausted=gave_up.reason
+                ) from failure
             CHAT_API_RETRIES.labels(PLATFORM, method, reason).inc()
             logger.info(
                 "slack %s retry %d in %.2f s: %s (channel=%s)", method, budget.attempt, delay, detail, channel

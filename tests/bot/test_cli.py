@@ -123,3 +123,22 @@ def test_chat_without_a_model_builds_the_test_model_and_says_answers_are_random(
     assert "random" in proc.stderr and "engine.model" in proc.stderr
     assert (tmp_path / "xdg" / "opsbot" / "models" / "tiny-test" / "config.json").is_file()
     assert (tmp_path / "xdg" / "opsbot" / "opsbot.db").is_file()
+
+
+def test_old_retry_setting_names_still_work_for_one_release_with_a_deprecation_line(tmp_path: Path) -> None:
+    (tmp_path / "opsbot.toml").write_text(
+        "[slack]\nretry_backoff_s = 0.25\nmax_retries = 9\n[mattermost]\nreconnect_max_s = 12\n"
+        "[store]\nretry_initial_s = 0.1\n"
+    )
+    proc = run(["config", "show", "--json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["slack"]["retry"]["initial_s"] == 0.25 and shown["slack"]["retry"]["max_retries"] == 9
+    assert shown["mattermost"]["reconnect"]["max_s"] == 12 and shown["store"]["retry"]["initial_s"] == 0.1
+    for old, new in (
+        ("slack.retry_backoff_s", "slack.retry.initial_s"),
+        ("slack.max_retries", "slack.retry.max_retries"),
+        ("mattermost.reconnect_max_s", "mattermost.reconnect.max_s"),
+        ("store.retry_initial_s", "store.retry.initial_s"),
+    ):
+        assert f"{old} is deprecated" in proc.stderr and f"use {new} instead" in proc.stderr

@@ -111,3 +111,37 @@ async def test_the_terminal_repl_reads_lines_until_quit(parts: Any) -> None:
     await adapter.repl()
     assert out.getvalue().count("first token") == 1
     assert ENGINE_DEAD_TEXT not in out.getvalue()
+
+
+class RefusingAdapter(ConsoleAdapter):
+    """A terminal whose platform refuses every post with the given branch of bot.errors."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(stdin=io.StringIO(""), stdout=io.StringIO())
+        self.error = error
+        self.notices: list[str] = []
+
+    async def open_reply(self, message: IncomingMessage) -> Any:
+        raise self.error
+
+    async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
+        self.notices.append(text)
+
+
+async def test_each_platform_error_branch_becomes_its_own_request_status(parts: Any) -> None:
+    from bot.errors import PlatformRejected, PlatformThrottled, PlatformUnavailable
+
+    for error, status in (
+        (PlatformRejected("chat.postMessage: not_in_channel"), "undelivered"),
+        (PlatformThrottled("chat.postMessage: still rate limited after 300 s"), "throttled"),
+        (PlatformUnavailable("chat.postMessage: HTTP 503 after 6 retries"), "undelivered"),
+    ):
+        adapter = RefusingAdapter(error)
+        await parts.pipeline.submit(adapter.to_message("why is the api down?"), adapter)
+        assert adapter.notices and str(error) in adapter.notices[0]  # the asker learns why
+    stats = await wait_for_rows(parts.store, 3)
+    by_status: dict[str, int] = {}
+    for group in stats:
+        for name, count in group.by_status.items():
+            by_status[name] = by_status.get(name, 0) + count
+    assert by_status == {"undelivered": 2, "throttled": 1}

@@ -87,3 +87,36 @@ async def test_post_to_channel_starts_a_thread_and_replies_in_it(fake: FakeMatte
         await adapter.close()
     assert again == root
     assert [p["root_id"] for p in fake.thread(root)] == ["", root]
+
+
+async def test_429s_beyond_max_retries_are_still_waited_out_honouring_retry_after(fake: FakeMattermost) -> None:
+    # A 429 is a wait, not a failure: eight throttles with max_retries=2 still end in the post.
+    channel = fake.add_channel("c", [fake.bot_user_id])
+    rest = MattermostRest(fast(**fake.settings_kwargs(), retry={"max_retries": 2, "patience_s": 30}))
+    fake.add_fault("POST", "/api/v4/posts", 429, count=8, retry_after=0.1)
+    before = retries("429", "POST /posts")
+    await rest.start()
+    try:
+        post = await rest.create_post(channel, "still here", pending_post_id="p-429")
+    finally:
+        await rest.close()
+    assert post["message"] == "still here"
+    calls = fake.calls_to("POST", "/api/v4/posts")
+    assert [c.status for c in calls] == [429] * 8 + [201]
+    gaps = [b.started - a.started for a, b in zip(calls, calls[1:], strict=False)]
+    assert min(gaps) >= 0.1  # never earlier than the server's Retry-After
+    assert retries("429", "POST /posts") - before == 8
+
+
+async def test_throttling_past_the_patience_is_reported_as_throttled(fake: FakeMattermost) -> None:
+    from bot.errors import PlatformThrottled
+
+    channel = fake.add_channel("c", [fake.bot_user_id])
+    rest = MattermostRest(fast(**fake.settings_kwargs(), retry={"patience_s": 0.5}))
+    fake.add_fault("POST", "/api/v4/posts", 429, retry_after=0.2)
+    await rest.start()
+    try:
+        with pytest.raises(PlatformThrottled, match="still rate limited"):
+            await rest.create_post(channel, "x", pending_post_id="p-slow")
+    finally:
+        await rest.close()

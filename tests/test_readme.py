@@ -12,7 +12,10 @@ from bot.routing import lane_table_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-GENERATED: dict[str, Callable[[], str]] = {"config-reference": reference_markdown, "lane-table": lane_table_markdown}
+GENERATED: dict[str, Callable[[], str]] = {
+    "config-reference": reference_markdown,
+    "lane-table": lane_table_markdown,
+}
 """README blocks between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` and what writes them."""
 
 

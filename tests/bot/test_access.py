@@ -24,7 +24,10 @@ def test_the_dm_policy_is_one_setting_with_the_same_meaning_everywhere(platform:
     as_channel = AccessPolicy(section(allowed_channels=["C-INC"], direct_messages="as_channel"), platform)
     refused = as_channel.refusal("D-1", "U1", direct=True)
     assert refused is not None and refused.rule == "channel"
-    assert AccessPolicy(section(direct_messages="as_channel"), platform).refusal("D-1", "U1", direct=True) is None
+    assert (
+        AccessPolicy(section(direct_messages="as_channel"), platform).refusal("D-1", "U1", direct=True)
+        is None
+    )
     deny = AccessPolicy(section(direct_messages="deny"), platform).refusal("D-1", "U1", direct=True)
     assert deny is not None and deny.rule == "direct_message" and f"{platform}.direct_messages" in deny.text
 
@@ -40,6 +43,8 @@ def test_the_user_list_applies_in_channels_and_dms_alike(platform: str, section:
 
 def test_the_refusal_texts_differ_only_in_the_platform_name() -> None:
     slack = AccessPolicy(SlackSettings(allowed_channels=["A"]), "slack").refusal("B", "U", direct=False)
-    mm = AccessPolicy(MattermostSettings(allowed_channels=["A"]), "mattermost").refusal("B", "U", direct=False)
+    mm = AccessPolicy(MattermostSettings(allowed_channels=["A"]), "mattermost").refusal(
+        "B", "U", direct=False
+    )
     assert slack is not None and mm is not None
     assert slack.text.replace("slack.", "mattermost.") == mm.text

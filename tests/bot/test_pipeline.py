@@ -131,7 +131,7 @@ class RefusingAdapter(ConsoleAdapter):
 async def test_each_platform_error_branch_becomes_its_own_request_status(parts: Any) -> None:
     from bot.errors import PlatformRejected, PlatformThrottled, PlatformUnavailable
 
-    for error, status in (
+    for error, _status in (
         (PlatformRejected("chat.postMessage: not_in_channel"), "undelivered"),
         (PlatformThrottled("chat.postMessage: still rate limited after 300 s"), "throttled"),
         (PlatformUnavailable("chat.postMessage: HTTP 503 after 6 retries"), "undelivered"),

@@ -36,7 +36,9 @@ def collected() -> Any:
         root.setLevel(old_level)
 
 
-async def test_every_opsbot_line_written_while_answering_carries_the_request_id(parts: Any, collected: Any) -> None:
+async def test_every_opsbot_line_written_while_answering_carries_the_request_id(
+    parts: Any, collected: Any
+) -> None:
     message = parts.adapter.to_message("why is api-gateway crashlooping?")
     await parts.adapter._submit(message)
     ours = [

@@ -8,7 +8,13 @@ from email.utils import formatdate
 import pytest
 
 from bot.config import RetrySettings
-from bot.retry import RetriesExhausted, RetryBudget, backoff_delay, parse_retry_after, retry_after_from_headers
+from bot.retry import (
+    RetriesExhausted,
+    RetryBudget,
+    backoff_delay,
+    parse_retry_after,
+    retry_after_from_headers,
+)
 
 
 def test_retry_after_is_read_as_seconds_or_an_http_date_and_never_negative() -> None:
@@ -24,7 +30,9 @@ def test_retry_after_is_read_as_seconds_or_an_http_date_and_never_negative() -> 
 
 
 def test_headers_give_retry_after_first_then_the_named_fallback_in_any_case() -> None:
-    assert retry_after_from_headers({"retry-after": "4", "X-Ratelimit-Reset": "9"}, "X-Ratelimit-Reset") == 4.0
+    assert (
+        retry_after_from_headers({"retry-after": "4", "X-Ratelimit-Reset": "9"}, "X-Ratelimit-Reset") == 4.0
+    )
     assert retry_after_from_headers({"X-RateLimit-Reset": "9"}, "X-Ratelimit-Reset") == 9.0
     assert retry_after_from_headers({}, "X-Ratelimit-Reset") is None
 
@@ -39,7 +47,9 @@ def test_backoff_doubles_up_to_its_cap_with_jitter_in_the_upper_half() -> None:
 
 def test_failures_are_bounded_by_max_retries_and_rate_limits_are_not() -> None:
     clock = [0.0]
-    budget = RetryBudget(RetrySettings(max_retries=2, initial_s=0.1, max_s=1, patience_s=60), clock=lambda: clock[0])
+    budget = RetryBudget(
+        RetrySettings(max_retries=2, initial_s=0.1, max_s=1, patience_s=60), clock=lambda: clock[0]
+    )
     for _ in range(10):  # ten 429s in a row, well within the patience: all waits, none counted
         assert budget.after_rate_limit(1.0) >= 1.0
         clock[0] += 1.0

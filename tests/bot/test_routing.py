@@ -10,7 +10,9 @@ from inference.engine import Lane
 
 
 def msg(text: str, kind: MessageKind = MessageKind.MENTION, scenario: str | None = None) -> IncomingMessage:
-    return IncomingMessage(platform="p", event_id="e", channel="c", user="u", text=text, kind=kind, scenario=scenario)
+    return IncomingMessage(
+        platform="p", event_id="e", channel="c", user="u", text=text, kind=kind, scenario=scenario
+    )
 
 
 QUESTIONS = [

@@ -89,7 +89,9 @@ async def test_post_to_channel_starts_a_thread_and_replies_in_it(fake: FakeMatte
     assert [p["root_id"] for p in fake.thread(root)] == ["", root]
 
 
-async def test_429s_beyond_max_retries_are_still_waited_out_honouring_retry_after(fake: FakeMattermost) -> None:
+async def test_429s_beyond_max_retries_are_still_waited_out_honouring_retry_after(
+    fake: FakeMattermost,
+) -> None:
     # A 429 is a wait, not a failure: eight throttles with max_retries=2 still end in the post.
     channel = fake.add_channel("c", [fake.bot_user_id])
     rest = MattermostRest(fast(**fake.settings_kwargs(), retry={"max_retries": 2, "patience_s": 30}))

@@ -9,7 +9,9 @@ from fakes.slack_server import FakeSlack
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_a_dm_is_answered_outside_the_channel_list_by_default(slack: FakeSlack, make_bot: BotFactory) -> None:
+async def test_a_dm_is_answered_outside_the_channel_list_by_default(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
     bot = await make_bot(allowed_channels=["C1"])
     await slack.deliver_event(slack.user_message("D1", "U1", "is the api healthy?", channel_type="im"))
     await slack.wait_for(lambda: len(answers(slack, "D1")) == 1)
@@ -29,7 +31,9 @@ async def test_with_dms_as_channels_a_dm_outside_the_list_is_refused_once(
     assert answers(slack) == [] and len(slack.ephemerals) == 1
 
 
-async def test_with_dms_denied_a_dm_gets_the_refusal_and_no_answer(slack: FakeSlack, make_bot: BotFactory) -> None:
+async def test_with_dms_denied_a_dm_gets_the_refusal_and_no_answer(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
     bot = await make_bot(direct_messages="deny")
     await slack.deliver_event(slack.user_message("D1", "U1", "hello", channel_type="im"))
     await slack.wait_for(lambda: len(slack.ephemerals) == 1)

@@ -78,6 +78,10 @@ class EngineConfig(ConfigSection):
     request_timeout_s: float | None = Field(300.0, gt=0)
     """A generation running longer than this (from admission to its last token) is aborted;
     ``None``: never (benchmarks)."""
+    incident_warmup: bool = True
+    """vLLM: at start, after the system-prompt warm-up, run one synthetic incident (a full batch
+    decoding while new prompts prefill beside it) so the first real incident after a start does
+    not pay one-off kernel and warm-up costs. About a second; off for the quickest start."""
     log_stats: bool = True
     """vLLM stats logging: exports vLLM's own ``vllm:*`` metrics and per-request timings."""
     cpu_threads: int | None = Field(None, ge=1)

@@ -29,6 +29,8 @@ import contextlib
 import json
 import logging
 import os
+import random
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -66,6 +68,42 @@ EXIT_ENGINE_DEAD = 70
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _GIB = 1024**3
+
+
+_VLLM_LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"opsbot": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}},
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "opsbot", "stream": "ext://sys.stderr"}
+    },
+    "loggers": {"vllm": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+}
+
+
+def route_vllm_logging() -> None:
+    """Keep vLLM's log lines off stdout (where ``opsbot chat`` prints the answer).
+
+    vLLM's default logging config writes to stdout. Unless the user configured vLLM's logging
+    themselves, point ``VLLM_LOGGING_CONFIG_PATH`` at a config that writes to stderr: the engine
+    core's child processes read it at import. In this process :func:`adopt_vllm_logger` then hands
+    the ``vllm`` logger to opsbot's own handler (redaction, request ids, JSON).
+    """
+    if "VLLM_LOGGING_CONFIG_PATH" in os.environ or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        return
+    fd, path = tempfile.mkstemp(prefix="opsbot-vllm-logging-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(_VLLM_LOGGING, out)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+
+
+def adopt_vllm_logger() -> None:
+    """In this process, send the ``vllm`` logger's lines through the root (opsbot's) handler."""
+    vllm_logger = logging.getLogger("vllm")
+    if logging.getLogger().handlers:  # opsbot configured logging (bot.logs.setup_logging)
+        for handler in list(vllm_logger.handlers):
+            vllm_logger.removeHandler(handler)
+        vllm_logger.propagate = True
 
 
 def is_local_model(model: str) -> bool:
@@ -239,6 +277,7 @@ class VllmEngine(Engine):
         worker thread so the event loop keeps serving health checks and chat acks meanwhile."""
         self.config = config
         self.model = config.require_model()
+        route_vllm_logging()
         self._on_dead_hook = on_dead
         self._on_fatal = on_fatal
         self._start_in_thread = start_in_thread
@@ -397,6 +436,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**engine_args_kwargs(self.config, quantization))
+        adopt_vllm_logger()
         return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._sink)])
 
     async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
@@ -476,8 +516,63 @@ class VllmEngine(Engine):
             (time.perf_counter() - t1) * 1e3,
             len(ids),
         )
+        if self.config.incident_warmup:
+            await self._warm_incident_shapes(llm, ids)
         self._state = "ready"
         self._reason = ""
+
+    async def _warm_incident_shapes(self, llm: AsyncLLM, system_ids: list[int]) -> None:
+        """Run one synthetic incident before the first real one: a full batch of answers decoding
+        while new prompts prefill in chunks beside them, then a few short urgent ones.
+
+        Why: the first mixed prefill + decode steps at full batch after a start pay one-off costs
+        (kernel selection and JIT, graph and allocator warm-up) that the system-prompt warm-up
+        never reaches; measured on the H200, they made the first urgent-under-load episode after a
+        start several times slower than later ones. Prompts are random token ids behind the shared
+        system prompt (as real prompts are), so the prefix cache path is exercised too.
+        """
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        assert self._tokenizer is not None
+        t0 = time.perf_counter()
+        cfg = self.config
+        vocab = len(self._tokenizer.hf)
+        low = min(100, vocab // 2)  # skip the special tokens at the start of most vocabularies
+        rng = random.Random(cfg.seed)
+        room = max(16, cfg.max_model_len - len(system_ids) - 64)
+
+        def prompt(n: int) -> Any:
+            user = [rng.randrange(low, vocab) for _ in range(min(n, room))]
+            return TokensPrompt(prompt_token_ids=system_ids + user)
+
+        def params(n: int) -> SamplingParams:
+            return SamplingParams(
+                max_tokens=n, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+            )
+
+        async def one(tag: str, n_prompt: int, n_out: int, priority: int) -> None:
+            async for _ in llm.generate(
+                prompt(n_prompt), params(n_out), f"opsbot-warmup-{tag}", priority=priority
+            ):
+                pass
+
+        busy = max(1, cfg.max_num_seqs - 8)
+        policy_priority = cfg.scheduling_policy == "priority"
+        background = [
+            asyncio.create_task(one(f"bg{i}", 256, 48, 10 if policy_priority else 0)) for i in range(busy)
+        ]
+        await asyncio.sleep(0.05)  # let the batch start decoding, then prefill beside it
+        await asyncio.gather(
+            *(one(f"long{i}", 2048, 8, 5 if policy_priority else 0) for i in range(2)),
+            *(one(f"urgent{i}", 96, 16, 0) for i in range(8)),
+        )
+        await asyncio.gather(*background)
+        logger.info(
+            "vLLM engine: incident-shaped warm-up (%d decoding + 10 prefilling) done in %.0f ms",
+            busy,
+            (time.perf_counter() - t0) * 1e3,
+        )
 
     # --- requests ------------------------------------------------------------------------------
 

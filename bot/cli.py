@@ -69,7 +69,12 @@ def build_parser() -> OneLineParser:
     db_sub.add_parser("current", help="print the current schema revision")
     model = sub.add_parser("make-test-model", help="build an offline test model (random weights)")
     model.add_argument("dir", type=Path)
-    model.add_argument("--size", choices=["tiny", "8b"], default="tiny")
+    model.add_argument("--size", choices=["tiny", "8b", "70b"], default="tiny")
+    model.add_argument(
+        "--quant",
+        choices=["awq", "gptq"],
+        help="8b / 70b only: a 4-bit AWQ or GPTQ config for vLLM dummy weights",
+    )
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", parser_class=OneLineParser)
     config_sub.required = True
@@ -107,8 +112,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "make-test-model":
         from inference.testmodel import build_test_model
 
-        path = build_test_model(args.dir, args.size, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
-        out.print(f"test model ({args.size}) ready in {path}")
+        path = build_test_model(
+            args.dir, args.size, quant=args.quant, progress=lambda line: err.print(f"[dim]{line}[/dim]")
+        )
+        out.print(f"test model ({args.size}{'-' + args.quant if args.quant else ''}) ready in {path}")
         return 0
     try:
         settings = load_settings()

@@ -2,9 +2,12 @@
 
 ``tiny`` is a few-MB ``LlamaForCausalLM`` with random weights (fixed seed) for the CPU engine, CI
 and ``opsbot chat`` without a configured model: answers are gibberish, but every code path
-(chat template, streaming, timings, token counts) is real. ``8b`` holds only ``config.json`` and the
-tokenizer with Llama-3-8B dimensions, for vLLM's ``load_format="dummy"`` on a GPU (random
-weights, real shapes, real speed).
+(chat template, streaming, timings, token counts) is real. ``8b`` and ``70b`` hold only
+``config.json`` and the tokenizer with Llama-3-8B / Llama-3-70B dimensions, for vLLM's
+``load_format="dummy"`` on a GPU (random weights, real shapes, real speed). With ``quant`` =
+``awq`` or ``gptq`` their ``config.json`` also carries a 4-bit, group-size-128
+``quantization_config`` that vLLM accepts, so dummy loading builds the INT4 layers and runs
+vLLM's INT4 kernels (Marlin / Machete where it picks them) on random packed weights.
 
 The tokenizer is a byte-level BPE trained on the Python standard library's sources (every machine
 has them) with a Llama-3-style chat template, as ``/work/shared/gpu/make_tokenizer.py`` does.
@@ -33,7 +36,26 @@ TEST_MODEL_VERSION = "1"
 MARKER_FILE = ".opsbot-test-model.json"
 """Written last into a finished model folder; its presence means the build completed."""
 
-ModelSize = Literal["tiny", "8b"]
+ModelSize = Literal["tiny", "8b", "70b"]
+Quant = Literal["awq", "gptq"]
+
+QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
+    # AutoAWQ's GEMM checkpoints: 4-bit, zero point, groups of 128 (vLLM: awq_marlin / machete).
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
+    # AutoGPTQ / GPTQModel checkpoints without act-order: symmetric 4-bit, groups of 128 (gptq_marlin).
+    "gptq": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "desc_act": False,
+        "sym": True,
+        "damp_percent": 0.01,
+        "true_sequential": True,
+        "static_groups": False,
+        "checkpoint_format": "gptq",
+    },
+}
+"""The ``quantization_config`` written for each ``quant`` (the formats quant.py detects)."""
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|eot_id|>"
@@ -62,6 +84,21 @@ _SPECS: dict[str, dict[str, Any]] = {
             "rope_theta": 10000.0,
         },
     },
+    # Llama-3-70B dimensions with the same 32k vocabulary: 69.5 B parameters, 139 GB in bf16 (two
+    # H200s with tensor parallelism, or one in INT4).
+    "70b": {
+        "vocab": 32000,
+        "files": 3000,
+        "max_len": 8192,
+        "config": {
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "rope_theta": 500000.0,
+        },
+    },
     # Llama-3-8B dimensions with a 32k vocabulary: 7.24 B parameters, 14.5 GB in bf16.
     "8b": {
         "vocab": 32000,
@@ -79,31 +116,42 @@ _SPECS: dict[str, dict[str, Any]] = {
 }
 
 
-def is_test_model(path: Path, size: ModelSize | None = None) -> bool:
-    """Whether ``path`` is a finished test model of this version (and of ``size``, when given)."""
+def is_test_model(path: Path, size: ModelSize | None = None, quant: Quant | None = None) -> bool:
+    """Whether ``path`` is a finished test model of this version (and of ``size`` and ``quant``,
+    when ``size`` is given)."""
     try:
         marker = json.loads((path / MARKER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     if not isinstance(marker, dict) or marker.get("version") != TEST_MODEL_VERSION:
         return False
-    return size is None or marker.get("size") == size
+    return size is None or (marker.get("size") == size and marker.get("quant") == quant)
 
 
-def build_test_model(dest: Path, size: ModelSize, *, progress: Callable[[str], None] | None = None) -> Path:
-    """Build the offline test model ``size`` into ``dest`` and return ``dest``.
+def build_test_model(
+    dest: Path,
+    size: ModelSize,
+    *,
+    quant: Quant | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Build the offline test model ``size`` (``quant``: INT4 config for ``8b`` / ``70b``) into
+    ``dest`` and return ``dest``.
 
-    A finished model of the same version and size already at ``dest`` is reused as is. The build
-    happens in a temporary sibling folder that is renamed into place, so an interrupted build never
-    leaves a half model behind. ``dest`` must not be a non-empty folder that is not a test model
-    (raises :class:`FileExistsError` rather than overwrite someone's files).
+    A finished model of the same version, size and quantization already at ``dest`` is reused as
+    is. The build happens in a temporary sibling folder that is renamed into place, so an
+    interrupted build never leaves a half model behind. ``dest`` must not be a non-empty folder
+    that is not a test model (raises :class:`FileExistsError` rather than overwrite someone's files).
     """
     if size not in _SPECS:
-        raise ValueError(f"unknown test model size {size!r}; choose 'tiny' or '8b'")
+        raise ValueError(f"unknown test model size {size!r}; choose 'tiny' or '8b' (or '70b' for two GPUs)")
+    if quant is not None and (quant not in QUANTIZATION_CONFIGS or size == "tiny"):
+        known = ", ".join(QUANTIZATION_CONFIGS)
+        raise ValueError(f"quant {quant!r}: use one of {known}, and only with the config-only sizes 8b / 70b")
     dest = Path(dest)
     say = progress or (lambda line: logger.info("%s", line))
-    if is_test_model(dest, size):
-        say(f"test model ({size}) already built at {dest}")
+    if is_test_model(dest, size, quant):
+        say(f"test model ({size}{'-' + quant if quant else ''}) already built at {dest}")
         return dest
     if dest.exists() and not _replaceable(dest):
         raise FileExistsError(f"{dest} exists and is not an opsbot test model; choose an empty or new folder")
@@ -116,14 +164,14 @@ def build_test_model(dest: Path, size: ModelSize, *, progress: Callable[[str], N
         if size == "tiny":
             _write_tiny_weights(tmp, spec, vocab_size, say)
         else:
-            _write_config_only(tmp, spec, vocab_size, say)
-        marker = {"version": TEST_MODEL_VERSION, "size": size, "vocab_size": vocab_size}
+            _write_config_only(tmp, size, spec, vocab_size, quant, say)
+        marker = {"version": TEST_MODEL_VERSION, "size": size, "quant": quant, "vocab_size": vocab_size}
         (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n", encoding="utf-8")
         # mkdtemp makes a private folder; a model is read by other users (container, CI cache).
         tmp.chmod(0o755)
         for child in tmp.iterdir():
             child.chmod(0o644)
-        _move_into_place(tmp, dest, size)
+        _move_into_place(tmp, dest, size, quant)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -138,7 +186,7 @@ def _replaceable(dest: Path) -> bool:
     return not any(dest.iterdir()) or (dest / MARKER_FILE).is_file()
 
 
-def _move_into_place(tmp: Path, dest: Path, size: ModelSize) -> None:
+def _move_into_place(tmp: Path, dest: Path, size: ModelSize, quant: Quant | None) -> None:
     if dest.exists():
         # Rename the old one aside first so dest is never a mix of two builds.
         old = dest.with_name(f".{dest.name}.old-{uuid.uuid4().hex[:8]}")
@@ -149,7 +197,7 @@ def _move_into_place(tmp: Path, dest: Path, size: ModelSize) -> None:
         tmp.rename(dest)
     except OSError:
         # Another process finished the same build first (parallel test workers): use theirs.
-        if not is_test_model(dest, size):
+        if not is_test_model(dest, size, quant):
             raise
 
 
@@ -171,7 +219,29 @@ def _training_files(limit: int) -> list[str]:
     return files
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_trained: dict[tuple[int, int], tuple[Path, int]] = {}
+"""Tokenizers trained in this process, by (vocab, files): the 8b / 70b / INT4 variants share one
+(training is deterministic, so a copy is the same file; it saves ~30 s a variant on 2 cores)."""
+
+
 def _write_tokenizer(out: Path, spec: dict[str, Any], say: Callable[[str], None]) -> int:
+    key = (int(spec["vocab"]), int(spec["files"]))
+    done = _trained.get(key)
+    if done is not None and all((done[0] / name).is_file() for name in _TOKENIZER_FILES):
+        for name in _TOKENIZER_FILES:
+            shutil.copyfile(done[0] / name, out / name)
+        say(f"reusing the byte-level BPE tokenizer (vocab {spec['vocab']}) trained earlier in this run")
+        return done[1]
+    vocab_size = _train_tokenizer(out, spec, say)
+    keep = Path(tempfile.mkdtemp(prefix="opsbot-tokenizer-"))
+    for name in _TOKENIZER_FILES:
+        shutil.copyfile(out / name, keep / name)
+    _trained[key] = (keep, vocab_size)
+    return vocab_size
+
+
+def _train_tokenizer(out: Path, spec: dict[str, Any], say: Callable[[str], None]) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     files = _training_files(int(spec["files"]))
@@ -227,11 +297,25 @@ def _base_config(spec: dict[str, Any], vocab_size: int, dtype: str) -> dict[str,
     }
 
 
-def _write_config_only(out: Path, spec: dict[str, Any], vocab_size: int, say: Callable[[str], None]) -> None:
+def _write_config_only(
+    out: Path,
+    size: str,
+    spec: dict[str, Any],
+    vocab_size: int,
+    quant: Quant | None,
+    say: Callable[[str], None],
+) -> None:
     # Written by hand, field for field like the probe that was proven with vLLM 0.26.0 on the H200,
     # so the file does not depend on the transformers version installed here.
-    say("writing config.json (Llama-3-8B dimensions, no weights: use vLLM load_format='dummy')")
-    _write_json(out / "config.json", _base_config(spec, vocab_size, "bfloat16"))
+    kind = f", {quant.upper()} 4-bit" if quant else ""
+    say(
+        f"writing config.json (Llama-3-{size.upper()} dimensions{kind}, no weights: vLLM load_format='dummy')"
+    )
+    config = _base_config(spec, vocab_size, "float16" if quant else "bfloat16")
+    if quant:
+        # INT4 kernels compute in fp16 (AWQ / GPTQ checkpoints are fp16); vLLM casts as it must.
+        config["quantization_config"] = dict(QUANTIZATION_CONFIGS[quant])
+    _write_json(out / "config.json", config)
     _write_generation_config(out)
 
 

@@ -105,3 +105,37 @@ def test_an_older_test_model_is_replaced_whole(tmp_path: Path) -> None:
     assert any("training a byte-level BPE tokenizer" in line for line in lines)
     assert lines[-1].startswith("test model (tiny) ready at")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp or old folders left
+
+
+@pytest.mark.parametrize("quant", ["awq", "gptq"])
+def test_int4_8b_configs_are_detected_as_4_bit_with_groups_of_128(
+    quant: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from inference.quant import detect_quantization, resolve_quantization
+
+    cache = Path(request.config.rootpath) / ".pytest_cache" / "opsbot-models"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = build_test_model(cache / f"8b-{quant}-v{TEST_MODEL_VERSION}", "8b", quant=quant)  # type: ignore[arg-type]
+    assert is_test_model(path, "8b", quant) and not is_test_model(path, "8b")  # type: ignore[arg-type]
+    raw = json.loads((path / "config.json").read_text())
+    qc = raw["quantization_config"]
+    assert qc["quant_method"] == quant and qc["bits"] == 4 and qc["group_size"] == 128
+    assert raw["torch_dtype"] == "float16" and raw["hidden_size"] == 4096
+    info = detect_quantization(path)
+    assert (info.method, info.bits) == (quant, 4)
+    assert resolve_quantization(path, None).method == quant  # vLLM reads the checkpoint's own format
+
+
+def test_quant_is_refused_for_the_tiny_model_and_unknown_formats(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="config-only sizes"):
+        build_test_model(tmp_path / "t", "tiny", quant="awq")
+    with pytest.raises(ValueError, match="awq, gptq"):
+        build_test_model(tmp_path / "t", "8b", quant="int3")  # type: ignore[arg-type]
+
+
+def test_the_70b_config_has_llama3_70b_dimensions(tmp_path: Path) -> None:
+    from inference.testmodel import _SPECS
+
+    dims = _SPECS["70b"]["config"]
+    assert (dims["hidden_size"], dims["intermediate_size"], dims["num_hidden_layers"]) == (8192, 28672, 80)
+    assert (dims["num_attention_heads"], dims["num_key_value_heads"]) == (64, 8)

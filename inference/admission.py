@@ -16,6 +16,9 @@ running. The bot knows which requests are urgent, so it paces what it hands the 
 - **reserved slots**: per-lane ``max_in_flight`` below the engine's ``max_num_seqs`` keeps batch
   slots free for urgent work, because vLLM never preempts a running request to make room for
   a higher-priority one when only the sequence limit is reached.
+- **KV headroom** (``background_kv_watermark``, off by default): while the engine's KV cache is at
+  least that full, no background request is admitted, so KV pages stay free for urgent work
+  instead of going to background requests that would be preempted again.
 
 Nothing already admitted is ever aborted or requeued: no work is lost, it only starts later.
 Queues are bounded per lane; a full queue or a wait past ``queue_timeout_s`` raises
@@ -56,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 LANE_ORDER: tuple[Lane, ...] = (Lane.URGENT, Lane.NORMAL, Lane.BACKGROUND)
 """Lanes in the order free capacity is offered to them."""
+_KV_RECHECK_S = 0.05
+"""How often background work held by the KV watermark is looked at again (about an engine step)."""
 
 
 QueueListener = Callable[[Mapping[Lane, int], Mapping[Lane, int]], None]
@@ -106,10 +111,18 @@ class AdmissionController:
     """
 
     def __init__(
-        self, config: AdmissionConfig | None = None, *, on_change: QueueListener | None = None
+        self,
+        config: AdmissionConfig | None = None,
+        *,
+        on_change: QueueListener | None = None,
+        kv_usage: Callable[[], float | None] | None = None,
     ) -> None:
+        """``kv_usage()`` reads the engine's KV-cache use (0-1, ``None``: unknown) for the KV
+        watermark; ``on_change`` hears every queue / in-flight change."""
         self.config = config or AdmissionConfig()
         self._on_change = on_change
+        self._kv_usage = kv_usage
+        self._kv_recheck: asyncio.TimerHandle | None = None
         self._queues: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in LANE_ORDER}
         self._in_flight: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
         self._prefilling: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
@@ -155,11 +168,30 @@ class AdmissionController:
         if lane is Lane.BACKGROUND:
             if cfg.hold_background_while_urgent_prefills and self._urgent_pending():
                 return False
+            if self._kv_full():
+                return False
             cap = cfg.background_max_in_flight_when_urgent
             urgent_active = bool(self._queues[Lane.URGENT]) or self._in_flight[Lane.URGENT] > 0
             if cap is not None and urgent_active and self._in_flight[lane] >= cap:
                 return False
         return True
+
+    def _kv_full(self) -> bool:
+        """The KV watermark holds background work back; re-checked shortly (KV use changes every
+        engine step, with no event here to wake the queue)."""
+        watermark = self.config.background_kv_watermark
+        if watermark is None or self._kv_usage is None:
+            return False
+        usage = self._kv_usage()
+        if usage is None or usage < watermark:
+            return False
+        if self._kv_recheck is None:
+            self._kv_recheck = asyncio.get_running_loop().call_later(_KV_RECHECK_S, self._kv_rechecked)
+        return True
+
+    def _kv_rechecked(self) -> None:
+        self._kv_recheck = None
+        self._pump()
 
     def _grant(self, lane: Lane) -> None:
         self._in_flight[lane] += 1
@@ -236,6 +268,9 @@ class AdmissionController:
     def close(self, reason: str = "the engine is shutting down") -> None:
         """Refuse new requests and fail every queued one with :class:`RequestAbortedError`."""
         self._closed = reason
+        if self._kv_recheck is not None:
+            self._kv_recheck.cancel()
+            self._kv_recheck = None
         for queue in self._queues.values():
             while queue:
                 waiter = queue.popleft()
@@ -273,7 +308,9 @@ class AdmittedEngine(Engine):
         on_queue_change: QueueListener | None = None,
     ) -> None:
         self.inner = inner
-        self.controller = AdmissionController(config, on_change=on_queue_change)
+        self.controller = AdmissionController(
+            config, on_change=on_queue_change, kv_usage=lambda: inner.stats().kv_cache_usage
+        )
         self.request_timeout_s = request_timeout_s
         self.backend = inner.backend
 

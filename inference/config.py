@@ -129,6 +129,10 @@ class AdmissionConfig(ConfigSection):
     background_max_in_flight_when_urgent: int | None = Field(None, ge=0)
     """While urgent work waits or runs, admit background requests only below this many in flight
     (unset: the background lane's normal limit)."""
+    background_kv_watermark: float | None = Field(None, gt=0, le=1)
+    """Admit no background request while the engine's KV cache is at least this full (0-1; unset:
+    no such limit). Under KV pressure a new background request is only preempted again later, and
+    preempted work re-prefills in the same steps urgent prefills need."""
     max_queue: dict[Lane, int | None] = Field(
         default_factory=lambda: _lanes(urgent=1000, normal=1000, background=1000)
     )

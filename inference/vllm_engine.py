@@ -33,6 +33,7 @@ import random
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -104,6 +105,62 @@ def adopt_vllm_logger() -> None:
         for handler in list(vllm_logger.handlers):
             vllm_logger.removeHandler(handler)
         vllm_logger.propagate = True
+
+
+async def warm_incident_shapes(
+    llm: AsyncLLM, system_ids: list[int], config: EngineConfig, vocab_size: int
+) -> float:
+    """Run one synthetic incident through ``llm`` before the first real one: a full batch of answers
+    decoding while new prompts prefill in chunks beside them, then a few short urgent ones; returns
+    the seconds it took. The benchmark warms raw vLLM with this same function.
+
+    Why: the first mixed prefill + decode steps at full batch after a start pay one-off costs
+    (kernel selection and JIT, graph and allocator warm-up) that the system-prompt warm-up never
+    reaches; on the H200 they made the first urgent-under-load episode after a start several times
+    slower than later ones. Prompts are random token ids behind the shared system prompt (as real
+    prompts are), so the prefix-cache path runs too.
+    """
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    t0 = time.perf_counter()
+    low = min(100, vocab_size // 2)  # skip the special tokens at the start of most vocabularies
+    rng = random.Random(config.seed)
+    room = max(16, config.max_model_len - len(system_ids) - 64)
+
+    def prompt(n: int) -> Any:
+        user = [rng.randrange(low, vocab_size) for _ in range(min(n, room))]
+        return TokensPrompt(prompt_token_ids=system_ids + user)
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=n, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
+
+    by_priority = config.scheduling_policy == "priority"
+
+    async def one(tag: str, n_prompt: int, n_out: int, priority: int) -> None:
+        rid = f"opsbot-warmup-{tag}-{uuid.uuid4().hex[:6]}"
+        async for _ in llm.generate(
+            prompt(n_prompt), params(n_out), rid, priority=priority if by_priority else 0
+        ):
+            pass
+
+    busy = max(1, config.max_num_seqs - 8)
+    background = [asyncio.create_task(one(f"bg{i}", 256, 48, 10)) for i in range(busy)]
+    await asyncio.sleep(0.05)  # let the batch start decoding, then prefill beside it
+    await asyncio.gather(
+        *(one(f"long{i}", 2048, 8, 5) for i in range(2)),
+        *(one(f"urgent{i}", 96, 16, 0) for i in range(8)),
+    )
+    await asyncio.gather(*background)
+    elapsed = time.perf_counter() - t0
+    logger.info(
+        "vLLM engine: incident-shaped warm-up (%d decoding + 10 prefilling) done in %.0f ms",
+        busy,
+        elapsed * 1e3,
+    )
+    return elapsed
 
 
 def is_local_model(model: str) -> bool:
@@ -522,57 +579,8 @@ class VllmEngine(Engine):
         self._reason = ""
 
     async def _warm_incident_shapes(self, llm: AsyncLLM, system_ids: list[int]) -> None:
-        """Run one synthetic incident before the first real one: a full batch of answers decoding
-        while new prompts prefill in chunks beside them, then a few short urgent ones.
-
-        Why: the first mixed prefill + decode steps at full batch after a start pay one-off costs
-        (kernel selection and JIT, graph and allocator warm-up) that the system-prompt warm-up
-        never reaches; measured on the H200, they made the first urgent-under-load episode after a
-        start several times slower than later ones. Prompts are random token ids behind the shared
-        system prompt (as real prompts are), so the prefix cache path is exercised too.
-        """
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         assert self._tokenizer is not None
-        t0 = time.perf_counter()
-        cfg = self.config
-        vocab = len(self._tokenizer.hf)
-        low = min(100, vocab // 2)  # skip the special tokens at the start of most vocabularies
-        rng = random.Random(cfg.seed)
-        room = max(16, cfg.max_model_len - len(system_ids) - 64)
-
-        def prompt(n: int) -> Any:
-            user = [rng.randrange(low, vocab) for _ in range(min(n, room))]
-            return TokensPrompt(prompt_token_ids=system_ids + user)
-
-        def params(n: int) -> SamplingParams:
-            return SamplingParams(
-                max_tokens=n, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
-            )
-
-        async def one(tag: str, n_prompt: int, n_out: int, priority: int) -> None:
-            async for _ in llm.generate(
-                prompt(n_prompt), params(n_out), f"opsbot-warmup-{tag}", priority=priority
-            ):
-                pass
-
-        busy = max(1, cfg.max_num_seqs - 8)
-        policy_priority = cfg.scheduling_policy == "priority"
-        background = [
-            asyncio.create_task(one(f"bg{i}", 256, 48, 10 if policy_priority else 0)) for i in range(busy)
-        ]
-        await asyncio.sleep(0.05)  # let the batch start decoding, then prefill beside it
-        await asyncio.gather(
-            *(one(f"long{i}", 2048, 8, 5 if policy_priority else 0) for i in range(2)),
-            *(one(f"urgent{i}", 96, 16, 0) for i in range(8)),
-        )
-        await asyncio.gather(*background)
-        logger.info(
-            "vLLM engine: incident-shaped warm-up (%d decoding + 10 prefilling) done in %.0f ms",
-            busy,
-            (time.perf_counter() - t0) * 1e3,
-        )
+        await warm_incident_shapes(llm, system_ids, self.config, vocab_size=len(self._tokenizer.hf))
 
     # --- requests ------------------------------------------------------------------------------
 

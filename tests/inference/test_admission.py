@@ -269,3 +269,24 @@ async def test_closing_the_stream_early_releases_the_slot() -> None:
     assert await task == TextDelta("a")
     await stream.aclose()  # type: ignore[attr-defined]
     assert engine.stats().running_by_lane["urgent"] == 0
+
+
+async def test_above_the_kv_watermark_background_waits_and_urgent_work_still_goes_in() -> None:
+    usage = [0.95]
+    ctl = AdmissionController(config(background_kv_watermark=0.9), kv_usage=lambda: usage[0])
+    urgent = await ctl.acquire(U, "u1")  # urgent work never waits for KV headroom
+    background = asyncio.create_task(ctl.acquire(B, "b1"))
+    await settle()
+    assert not background.done() and ctl.queue_depths["background"] == 1
+    usage[0] = 0.5  # KV pages freed: the queue is looked at again without any other event
+    ticket = await asyncio.wait_for(background, 2.0)
+    assert ticket.lane is B
+    urgent.release()
+    ticket.release()
+    ctl.close()
+
+
+async def test_without_a_kv_reading_the_watermark_never_blocks() -> None:
+    ctl = AdmissionController(config(background_kv_watermark=0.1), kv_usage=lambda: None)
+    ticket = await asyncio.wait_for(ctl.acquire(B, "b1"), 1.0)
+    ticket.release()

@@ -1,27 +1,39 @@
 """Engine benchmark: opsbot's engine layer against raw vLLM ``AsyncLLM``, same GPU, same run.
 
-For each configuration (``bf16``, ``fp8`` = online FP8 from the bf16 checkpoint) two engines are
-started one after the other with identical vLLM arguments (``inference.vllm_engine.engine_args_kwargs``):
+Every (configuration, layer, warm-up) gets **its own fresh engine**, and every episode measured
+on it is kept, so the comparison is always like with like: the first urgent-under-load episode
+after a start with the first, later (steady) episodes with later ones.
 
-- ``opsbot``: ``AdmittedEngine(VllmEngine)``: the path the bot uses (token ids from the chat
-  template, warm-up of the shared system prompt at start, lanes, admission control);
-- ``raw``: ``AsyncLLM.from_engine_args`` driven directly, fed the very same token ids, warmed up
-  with the same system prompt, lanes passed only as vLLM priorities.
+- configurations (``--configs``): ``bf16``; ``fp8`` (online FP8 from the bf16 checkpoint);
+  ``awq`` / ``gptq`` (4-bit dummy checkpoints from ``make-test-model --quant``); each with an
+  optional ``+kvfp8`` suffix for an FP8 KV cache (``bf16+kvfp8``);
+- layers (``--layers``): ``opsbot`` = ``AdmittedEngine(VllmEngine)``, the path the bot uses;
+  ``raw`` = ``AsyncLLM.from_engine_args`` with the same arguments
+  (``inference.vllm_engine.engine_args_kwargs``), fed the very same token ids, lanes passed only
+  as vLLM priorities;
+- warm-ups (``--warmups``): ``system`` (the shared system prompt once, as both did until now) and
+  ``incident`` (that plus ``inference.vllm_engine.warm_incident_shapes``: a full batch decoding
+  while new prompts prefill), applied alike to both layers.
 
-Workloads (as ``/work/shared/gpu/probe_vllm.py``): ~1470-token shared system prompt + ~300-token
-user text, 200 output tokens (ignore_eos, greedy): single request with a cold and with a warm
-system prompt, bursts of 8 / 32 / 64 concurrent requests (urgent lane), and urgent-under-load:
-56 long background requests (500 tokens), 0.3 s later 8 short urgent ones (64 tokens). The
-urgent test runs once per admission variant on the opsbot engine (``none`` = lanes as vLLM
-priorities only), and once on raw vLLM with priorities.
+Workloads on each fresh engine, in this order: ``episodes`` (``--episodes`` urgent-under-load
+episodes back to back: 56 x 500-token background requests, 0.3 s later 8 x 64-token urgent ones),
+``single`` (cold and warm system prompt), ``bursts`` (8 / 32 / 64 concurrent urgent requests,
+``--burst-repeats`` times each). The ``pressure`` workload (``--pressure``) runs on engines of its
+own with a KV cache of ``--pressure-blocks`` blocks: Poisson background arrivals with 2k-token
+contexts beside Poisson urgent questions, for raw vLLM with priorities, opsbot's default admission
+and opsbot with the KV watermark; it reports urgent TTFT, background tokens/s and preemptions.
+
+Prompts: ~1470-token shared system prompt + ~300-token user text, 200 output tokens (ignore_eos,
+greedy), as ``/work/shared/gpu/probe_vllm.py``.
 
 Usage (on the GPU machine, vLLM importable)::
 
-    python bench/engine_bench.py --configs bf16,fp8 --out bench/results/engine_bench.json
+    python bench/engine_bench.py --configs bf16 --layers opsbot,raw --warmups system,incident \
+        --episodes 4 --out bench/results/engine_bench.json
 
 ``--dry-run`` builds the prompts and prints the plan without vLLM (works on CPU).
-Results: a JSON file (written after every engine, so a timeout keeps what finished) and a
-markdown table next to it.
+Results: a JSON file (rewritten after every engine, so a timeout keeps what finished) and a
+Markdown report next to it.
 """
 
 from __future__ import annotations
@@ -59,7 +71,13 @@ from inference.engine import (  # noqa: E402
     SamplingSettings,
     TextDelta,
 )
-from inference.vllm_engine import VllmEngine, engine_args_kwargs  # noqa: E402
+from inference.vllm_engine import (  # noqa: E402
+    VllmEngine,
+    engine_args_kwargs,
+    warm_incident_shapes,
+)
+from inference.vllm_engine import _stat_logger_factory as stat_logger_factory  # noqa: E402
+from inference.vllm_engine import _StatsSink as StatsSink  # noqa: E402
 
 logger = logging.getLogger("engine_bench")
 
@@ -70,17 +88,10 @@ WORDS = [
 ]
 BURSTS = (8, 32, 64)
 
-VARIANTS: dict[str, AdmissionConfig | None] = {
-    # Lanes only as vLLM priorities: what the engine layer alone gives.
-    "none": None,
-    # The shipped defaults.
-    "default": AdmissionConfig(),
-    # Looser and tighter background prefill pacing, to show the trade-off.
-    "bg-prefill-2": AdmissionConfig(max_prefilling={Lane.NORMAL: 8, Lane.BACKGROUND: 2}),
-    "bg-prefill-4": AdmissionConfig(max_prefilling={Lane.NORMAL: 8, Lane.BACKGROUND: 4}),
-    # The background in-flight cap of the first run (48 < 56 requests): a second wave.
-    "bg-cap-48": AdmissionConfig(max_in_flight={Lane.URGENT: 64, Lane.NORMAL: 56, Lane.BACKGROUND: 48}),
-}
+CONFIG_NAMES = ("bf16", "fp8", "awq", "gptq")
+"""Weight formats; each may take the ``+kvfp8`` suffix (FP8 KV cache)."""
+KV_WATERMARK = 0.85
+"""The KV watermark the pressure workload's third variant uses."""
 
 
 def pct(xs: Sequence[float], p: float) -> float:
@@ -106,6 +117,9 @@ class Workload:
     bursts: dict[int, list[list[int]]]
     background: list[list[int]]
     urgent: list[list[int]]
+    pressure_background: list[list[int]] = field(default_factory=list)
+    """2k-token contexts (system prompt + ~2000 unique tokens) for the pressure workload."""
+    vocab_size: int = 32000
     system: str = field(repr=False, default="")
     repeats: int = 1
     """Times each burst runs (fresh prompts each time); results pool them and keep each p99."""
@@ -132,6 +146,8 @@ def build_workload(tokenizer: Any, seed: int = 0, repeats: int = 1) -> Workload:
         bursts={n: [ids(text(250)) for _ in range(n)] for n in BURSTS},
         background=[ids(text(250)) for _ in range(56)],
         urgent=[ids(text(100)) for _ in range(8)],
+        pressure_background=[ids(text(1500)) for _ in range(64)],
+        vocab_size=len(tokenizer.hf),
         system=system,
         repeats=repeats,
     )
@@ -263,6 +279,7 @@ def summarize(outs: list[dict[str, Any]], wall_s: float | None = None) -> dict[s
 
 
 async def urgent_under_load(client: Client, wl: Workload) -> dict[str, Any]:
+    """One episode: 56 long background answers streaming, then 8 short urgent questions."""
     t0 = time.perf_counter()
     bg = [asyncio.create_task(client.one(ids, 500, Lane.BACKGROUND)) for ids in wl.background]
     await asyncio.sleep(0.3)
@@ -286,7 +303,7 @@ async def urgent_under_load(client: Client, wl: Workload) -> dict[str, Any]:
     }
 
 
-async def run_workloads(client: Client, wl: Workload, *, cache_fracs: list[float]) -> dict[str, Any]:
+async def single_and_bursts(client: Client, wl: Workload, *, cache_fracs: list[float]) -> dict[str, Any]:
     res: dict[str, Any] = {}
     await client.one(wl.hello_ids, 8, Lane.NORMAL)
     cold = await client.one(wl.cold_ids, 200, Lane.URGENT)
@@ -310,141 +327,294 @@ async def run_workloads(client: Client, wl: Workload, *, cache_fracs: list[float
     return res
 
 
-async def bench_opsbot(cfg: EngineConfig, wl: Workload, variants: list[str]) -> dict[str, Any]:
-    engine = VllmEngine(cfg)
-    await engine.start([ChatMessage("system", wl.system)])
-    assert engine.warmup_prompt_tokens == wl.system_tokens, (engine.warmup_prompt_tokens, wl.system_tokens)
-    out: dict[str, Any] = {
-        "layer": "opsbot",
-        "startup_s": round(engine.startup_s or 0.0, 1),
-        "quantization": engine.quantization.describe() if engine.quantization else None,
+async def pressure(client: Client, wl: Workload, args: argparse.Namespace, seed: int = 1) -> dict[str, Any]:
+    """Poisson background arrivals with 2k-token contexts beside Poisson urgent questions."""
+    rnd = random.Random(seed)
+    duration = args.pressure_seconds
+    bg_tasks: list[asyncio.Task[dict[str, Any]]] = []
+    urgent_tasks: list[asyncio.Task[dict[str, Any]]] = []
+    t0 = time.perf_counter()
+
+    async def arrivals(rate: float, make: Any, into: list[asyncio.Task[dict[str, Any]]]) -> None:
+        while time.perf_counter() - t0 < duration:
+            await asyncio.sleep(rnd.expovariate(rate))
+            into.append(asyncio.create_task(make()))
+
+    k = [0, 0]
+
+    def background() -> Any:
+        k[0] += 1
+        return client.one(wl.pressure_background[k[0] % len(wl.pressure_background)], 256, Lane.BACKGROUND)
+
+    def urgent() -> Any:
+        k[1] += 1
+        return client.one(wl.urgent[k[1] % len(wl.urgent)], 64, Lane.URGENT)
+
+    await asyncio.gather(
+        arrivals(args.pressure_bg_rate, background, bg_tasks),
+        arrivals(args.pressure_urgent_rate, urgent, urgent_tasks),
+    )
+    bg = await asyncio.gather(*bg_tasks)
+    ur = await asyncio.gather(*urgent_tasks)
+    wall = time.perf_counter() - t0
+    u, b = summarize(ur), summarize(bg)
+    return {
+        "urgent_n": u["n"],
+        "urgent_ttft_p50": u["ttft_p50"],
+        "urgent_ttft_p99": u["ttft_p99"],
+        "urgent_ttft_max": u["ttft_max"],
+        "background_n": b["n"],
+        "background_ttft_p50": b["ttft_p50"],
+        "background_ttft_p99": b["ttft_p99"],
+        "background_tok_s": round(sum(o["n"] for o in bg) / wall, 1),
+        "wall_s": round(wall, 2),
     }
-    fracs: list[float] = []
+
+
+# --- engines ---------------------------------------------------------------------------------------
+
+
+def engine_config(
+    args: argparse.Namespace, name: str, models: dict[str, Path], *, warmup: str, blocks: int | None = None
+) -> EngineConfig:
+    """The engine configuration of ``name`` (``bf16``, ``fp8``, ``awq``, ``gptq``, optional ``+kvfp8``)."""
+    weights, _, kv = name.partition("+")
+    if weights not in CONFIG_NAMES or kv not in ("", "kvfp8"):
+        raise SystemExit(
+            f"unknown configuration {name!r}: use {', '.join(CONFIG_NAMES)} with an optional +kvfp8"
+        )
+    extra: dict[str, Any] = {}
+    if blocks is not None:
+        extra["num_gpu_blocks_override"] = blocks
+    return EngineConfig(
+        model=str(models["awq" if weights == "awq" else "gptq" if weights == "gptq" else "8b"]),
+        load_format="dummy",
+        dtype="float16" if weights in ("awq", "gptq") else "bfloat16",
+        quantization="fp8" if weights == "fp8" else None,
+        kv_cache_dtype="fp8" if kv == "kvfp8" else "auto",
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=4096,
+        max_num_seqs=64,
+        max_num_batched_tokens=8192,
+        enable_prefix_caching=True,
+        scheduling_policy="priority",
+        request_timeout_s=None,
+        incident_warmup=warmup == "incident",
+        extra_engine_args=extra,
+    )
+
+
+def kv_capacity_tokens(llm: Any, block_size: int) -> int | None:
+    """KV-cache capacity in tokens, as the engine core sized it."""
     try:
-        out.update(await run_workloads(OpsbotClient(AdmittedEngine(engine)), wl, cache_fracs=fracs))
-        # Burst of 64 in the normal lane: shows what the normal lane's prefill pacing costs.
-        normal = OpsbotClient(AdmittedEngine(engine))
-        outs = await asyncio.gather(*[normal.one(ids, 200, Lane.NORMAL) for ids in wl.bursts[64]])
-        out["burst64_normal_lane"] = summarize(outs)
-        out["urgent_under_load"] = {}
-        for name in variants:
-            adm = VARIANTS[name]
-            client = OpsbotClient(engine if adm is None else AdmittedEngine(engine, adm))
-            out["urgent_under_load"][name] = await urgent_under_load(client, wl)
-            logger.info("opsbot urgent-under-load %s: %s", name, out["urgent_under_load"][name])
-        stats = engine.stats()
-        out["engine_stats"] = {
+        blocks = llm.vllm_config.cache_config.num_gpu_blocks
+    except AttributeError:
+        return None
+    return int(blocks) * block_size if blocks else None
+
+
+class OpsbotEngine:
+    """A fresh ``VllmEngine`` behind admission, started with the bot's warm-up."""
+
+    def __init__(self, cfg: EngineConfig, wl: Workload) -> None:
+        self.cfg, self.wl = cfg, wl
+        self.engine = VllmEngine(cfg)
+
+    async def __aenter__(self) -> OpsbotEngine:
+        await self.engine.start([ChatMessage("system", self.wl.system)])
+        assert self.engine.warmup_prompt_tokens == self.wl.system_tokens
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.shutdown(drain_timeout_s=5)
+
+    def client(self, admission: AdmissionConfig | None = None) -> Client:
+        return OpsbotClient(AdmittedEngine(self.engine, admission or AdmissionConfig()))
+
+    def facts(self) -> dict[str, Any]:
+        stats = self.engine.stats()
+        return {
+            "startup_s": round(self.engine.startup_s or 0.0, 1),
+            "quantization": self.engine.quantization.describe() if self.engine.quantization else None,
+            "kv_capacity_tokens": kv_capacity_tokens(self.engine._llm, self.cfg.block_size),
             "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
             "preemptions": stats.preemptions,
-            "kv_cache_usage": stats.kv_cache_usage,
         }
-    finally:
-        await engine.shutdown(drain_timeout_s=5)
-    out["system_prompt_cached_min"] = round(min(fracs), 4)
-    out["system_prompt_cached_mean"] = round(statistics.mean(fracs), 4)
-    return out
 
 
-async def bench_raw(cfg: EngineConfig, quantization: str | None, wl: Workload) -> dict[str, Any]:
-    from vllm import SamplingParams, TokensPrompt
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
+class RawEngine:
+    """A fresh raw ``AsyncLLM`` with the same arguments, warmed up alike (system prompt; and the
+    same incident-shaped warm-up when the opsbot side has it)."""
 
-    t0 = time.perf_counter()
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args_kwargs(cfg, quantization)))
-    # The same warm-up the opsbot engine does: the system prompt once, one token.
-    sp = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA)
-    async for _ in llm.generate(TokensPrompt(prompt_token_ids=wl.warmup_ids), sp, request_id="warmup"):
-        pass
-    out: dict[str, Any] = {"layer": "raw", "startup_s": round(time.perf_counter() - t0, 1)}
+    def __init__(self, cfg: EngineConfig, wl: Workload, quantization: str | None) -> None:
+        self.cfg, self.wl, self.quantization = cfg, wl, quantization
+        self.sink = StatsSink()
+        self.llm: Any = None
+        self.startup_s = 0.0
+
+    async def __aenter__(self) -> RawEngine:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.perf_counter()
+        args = AsyncEngineArgs(**engine_args_kwargs(self.cfg, self.quantization))
+        # The same stat logger as the opsbot engine: equal per-step cost, and preemption counts.
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(self.sink)])
+        sp = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+        async for _ in self.llm.generate(
+            TokensPrompt(prompt_token_ids=self.wl.warmup_ids), sp, request_id="warmup"
+        ):
+            pass
+        if self.cfg.incident_warmup:
+            await warm_incident_shapes(self.llm, self.wl.warmup_ids, self.cfg, vocab_size=self.wl.vocab_size)
+        self.startup_s = time.perf_counter() - t0
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.llm.shutdown()
+
+    def client(self, admission: AdmissionConfig | None = None) -> Client:
+        return RawClient(self.llm, priority=self.cfg.scheduling_policy == "priority")
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "startup_s": round(self.startup_s, 1),
+            "kv_capacity_tokens": kv_capacity_tokens(self.llm, self.cfg.block_size),
+            "prefix_cache_hit_rate": self.sink.prefix_cache_hit_rate,
+            "preemptions": self.sink.preemptions,
+        }
+
+
+def open_engine(layer: str, cfg: EngineConfig, wl: Workload) -> OpsbotEngine | RawEngine:
+    return OpsbotEngine(cfg, wl) if layer == "opsbot" else RawEngine(cfg, wl, cfg.quantization)
+
+
+async def bench_engine(
+    layer: str, cfg: EngineConfig, wl: Workload, args: argparse.Namespace
+) -> dict[str, Any]:
+    """All standard workloads on one fresh engine; every episode kept."""
+    out: dict[str, Any] = {"layer": layer}
     fracs: list[float] = []
-    try:
-        client = RawClient(llm, priority=cfg.scheduling_policy == "priority")
-        out.update(await run_workloads(client, wl, cache_fracs=fracs))
-        out["urgent_under_load"] = {"raw-priority": await urgent_under_load(client, wl)}
-        logger.info("raw urgent-under-load: %s", out["urgent_under_load"])
-    finally:
-        llm.shutdown()
-    out["system_prompt_cached_min"] = round(min(fracs), 4)
-    out["system_prompt_cached_mean"] = round(statistics.mean(fracs), 4)
+    async with open_engine(layer, cfg, wl) as eng:
+        client = eng.client()
+        episodes = []
+        for k in range(args.episodes):
+            ep = await urgent_under_load(client, wl)
+            ep["episode"] = k + 1
+            episodes.append(ep)
+            logger.info("%s episode %d: urgent TTFT p99 %.1f ms", layer, k + 1, ep["urgent_ttft_p99"])
+        out["episodes"] = episodes
+        if "single" in args.workloads or "bursts" in args.workloads:
+            out.update(await single_and_bursts(client, wl, cache_fracs=fracs))
+        out.update(eng.facts())
+    if fracs:
+        out["system_prompt_cached_min"] = round(min(fracs), 4)
+        out["system_prompt_cached_mean"] = round(statistics.mean(fracs), 4)
     return out
+
+
+async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The pressure workload under three policies, each on its own fresh engine."""
+    runs = []
+    for label, layer, admission in (
+        ("raw vLLM, priorities", "raw", None),
+        ("opsbot, default admission", "opsbot", AdmissionConfig()),
+        (
+            f"opsbot, KV watermark {KV_WATERMARK}",
+            "opsbot",
+            AdmissionConfig(background_kv_watermark=KV_WATERMARK),
+        ),
+    ):
+        async with open_engine(layer, cfg, wl) as eng:
+            run = await pressure(eng.client(admission), wl, args)
+            run.update({"policy": label, "layer": layer, **eng.facts()})
+        logger.info("pressure %s: %s", label, run)
+        runs.append(run)
+    return runs
 
 
 # --- report --------------------------------------------------------------------------------------
 
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Targets per configuration: overhead vs raw, urgent TTFT, cache, startup."""
+    """opsbot against raw, per configuration and warm-up: bursts, and episodes first vs first and
+    steady (median of the 2nd and later) vs steady."""
     verdicts: dict[str, Any] = {}
-    for config in sorted({r["config"] for r in runs}):
-        ops = next((r for r in runs if r["config"] == config and r["layer"] == "opsbot"), None)
-        raw = next((r for r in runs if r["config"] == config and r["layer"] == "raw"), None)
+    for key in sorted({(r["config"], r["warmup"]) for r in runs}):
+        ops = next((r for r in runs if (r["config"], r["warmup"]) == key and r["layer"] == "opsbot"), None)
+        raw = next((r for r in runs if (r["config"], r["warmup"]) == key and r["layer"] == "raw"), None)
         v: dict[str, Any] = {}
-        if ops and raw:
+        for side, run in (("opsbot", ops), ("raw", raw)):
+            if run and run.get("episodes"):
+                p99 = [e["urgent_ttft_p99"] for e in run["episodes"]]
+                v[f"{side}_urgent_p99_first"] = p99[0]
+                v[f"{side}_urgent_p99_steady"] = (
+                    round(statistics.median(p99[1:]), 1) if len(p99) > 1 else None
+                )
+        if ops and raw and "burst64" in ops and "burst64" in raw:
             for n in BURSTS:
                 o, r = ops[f"burst{n}"], raw[f"burst{n}"]
-                v[f"burst{n}"] = {
-                    "ttft_p99_ratio": round(o["ttft_p99"] / r["ttft_p99"], 3),
-                    # Median over repeats of each burst's own p99: robust to one noisy burst.
-                    "ttft_p99_median_ratio": round(
-                        statistics.median(o.get("ttft_p99_each", [o["ttft_p99"]]))
-                        / statistics.median(r.get("ttft_p99_each", [r["ttft_p99"]])),
-                        3,
-                    ),
-                    "tok_s_ratio": round(o["tok_s"] / r["tok_s"], 3),
-                    "within_5pct": o["ttft_p99"] <= 1.05 * r["ttft_p99"] and o["tok_s"] >= 0.95 * r["tok_s"],
-                }
-            raw_u = raw["urgent_under_load"]["raw-priority"]
-            v["urgent"] = {}
-            for name, u in ops.get("urgent_under_load", {}).items():
-                v["urgent"][name] = {
-                    "urgent_ttft_p99": u["urgent_ttft_p99"],
-                    "raw_urgent_ttft_p99": raw_u["urgent_ttft_p99"],
-                    "tok_s_ratio_vs_raw": round(u["total_tok_s"] / raw_u["total_tok_s"], 3),
-                    "meets_100ms": u["urgent_ttft_p99"] <= 100.0,
-                    "tok_s_down_at_most_10pct": u["total_tok_s"] >= 0.90 * raw_u["total_tok_s"],
-                }
-        if ops:
-            v["system_prompt_cached_min"] = ops["system_prompt_cached_min"]
-            v["cache_target_95pct"] = ops["system_prompt_cached_min"] >= 0.95
-            v["startup_s"] = ops["startup_s"]
-            v["startup_target_60s"] = ops["startup_s"] <= 60.0
-        verdicts[config] = v
+                v[f"burst{n}_ttft_p99_ratio"] = round(o["ttft_p99"] / r["ttft_p99"], 3)
+                v[f"burst{n}_tok_s_ratio"] = round(o["tok_s"] / r["tok_s"], 3)
+        verdicts[f"{key[0]} / warm-up {key[1]}"] = v
     return verdicts
 
 
-def table(runs: list[dict[str, Any]]) -> str:
+def table(report: dict[str, Any]) -> str:
+    runs = [r for r in report["runs"] if "error" not in r]
     lines = [
-        "| config | layer | startup s | single TTFT cold / warm ms | TPOT ms | burst 8 TTFT p99 | "
-        "burst 32 TTFT p99 | burst 64 TTFT p50 / p99 | burst 64 tok/s | sys prompt cached (min) |",
+        "| config | warm-up | layer | startup s | KV tokens | single TTFT cold / warm ms | TPOT ms | "
+        "burst 8 / 32 / 64 TTFT p99 ms | burst 64 tok/s | sys prompt cached (min) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         if "burst64" not in r:
             continue
         lines.append(
-            f"| {r['config']} | {r['layer']} | {r['startup_s']} | {r['single_cold']['ttft']} / "
-            f"{r['single_warm']['ttft']} | {r['single_warm']['tpot']} | {r['burst8']['ttft_p99']} | "
-            f"{r['burst32']['ttft_p99']} | {r['burst64']['ttft_p50']} / {r['burst64']['ttft_p99']} | "
-            f"{r['burst64']['tok_s']} | {r['system_prompt_cached_min']:.3f} |"
+            f"| {r['config']} | {r['warmup']} | {r['layer']} | {r['startup_s']} | "
+            f"{r.get('kv_capacity_tokens')} | "
+            f"{r['single_cold']['ttft']} / {r['single_warm']['ttft']} | {r['single_warm']['tpot']} | "
+            f"{r['burst8']['ttft_p99']} / {r['burst32']['ttft_p99']} / {r['burst64']['ttft_p99']} | "
+            f"{r['burst64']['tok_s']} | {r.get('system_prompt_cached_min', float('nan')):.3f} |"
         )
     lines += [
         "",
-        "Urgent under load (56 x 500-token background, then 8 x 64-token urgent):",
+        "Urgent under load, every episode on each fresh engine (56 x 500-token background, then 8 x 64-token "
+        "urgent; opsbot with its default admission, raw vLLM with priorities):",
         "",
-        "| config | layer | admission | urgent TTFT p50 / p99 / max ms | background TTFT p50 / p99 ms | "
-        "total tok/s | wall s |",
-        "|---|---|---|---|---|---|---|",
+        "| config | warm-up | layer | episode | urgent TTFT p50 / p99 ms | urgent TPOT ms | "
+        "background TTFT p99 ms | total tok/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        for name, u in r.get("urgent_under_load", {}).items():
+        for e in r.get("episodes", []):
             lines.append(
-                f"| {r['config']} | {r['layer']} | {name} | {u['urgent_ttft_p50']} / "
-                f"{u['urgent_ttft_p99']} / {u['urgent_ttft_max']} | "
-                f"{u['background_ttft_p50']} / {u['background_ttft_p99']} | "
-                f"{u['total_tok_s']} | {u['wall_s']} |"
+                f"| {r['config']} | {r['warmup']} | {r['layer']} | {e['episode']} | {e['urgent_ttft_p50']} / "
+                f"{e['urgent_ttft_p99']} | {e['urgent_tpot_p50']} | {e['background_ttft_p99']} | "
+                f"{e['total_tok_s']} |"
             )
+    if report.get("pressure"):
+        lines += [
+            "",
+            "Pressure (Poisson background arrivals with 2k-token contexts beside Poisson urgent questions, "
+            "small KV cache):",
+            "",
+            "| policy | KV tokens | urgent n | urgent TTFT p50 / p99 / max ms | background n | "
+            "background TTFT p99 ms | background tok/s | preemptions |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for p in report["pressure"]:
+            lines.append(
+                f"| {p['policy']} | {p.get('kv_capacity_tokens')} | {p['urgent_n']} | "
+                f"{p['urgent_ttft_p50']} / "
+                f"{p['urgent_ttft_p99']} / {p['urgent_ttft_max']} | {p['background_n']} | "
+                f"{p['background_ttft_p99']} | {p['background_tok_s']} | {p.get('preemptions')} |"
+            )
+    lines += ["", "Comparisons (first episode with first, steady with steady):", "", "```json"]
+    lines.append(json.dumps(report.get("compare", {}), indent=2))
+    lines.append("```")
     return "\n".join(lines)
 
 
@@ -473,46 +643,32 @@ def meta(argv: list[str]) -> dict[str, Any]:
     return info
 
 
-def engine_config(args: argparse.Namespace, model: Path, name: str) -> EngineConfig:
-    return EngineConfig(
-        model=str(model),
-        load_format="dummy",
-        dtype="bfloat16",
-        quantization="fp8" if name == "fp8" else None,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=4096,
-        max_num_seqs=64,
-        max_num_batched_tokens=8192,
-        enable_prefix_caching=True,
-        scheduling_policy="priority",
-        request_timeout_s=None,
-    )
+def model_folders(args: argparse.Namespace) -> dict[str, Path]:
+    from inference.testmodel import TEST_MODEL_VERSION, build_test_model
+
+    base = Path(args.model_dir) if args.model_dir else ROOT / ".pytest_cache" / "opsbot-models"
+    folders = {"8b": build_test_model(base / f"8b-v{TEST_MODEL_VERSION}", "8b")}
+    for quant in ("awq", "gptq"):
+        if any(c.partition("+")[0] == quant for c in args.configs.split(",")):
+            folders[quant] = build_test_model(base / f"8b-{quant}-v{TEST_MODEL_VERSION}", "8b", quant=quant)  # type: ignore[arg-type]
+    return folders
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from inference.testmodel import TEST_MODEL_VERSION, build_test_model
     from inference.tokenization import HFChatTokenizer
 
-    model = (
-        Path(args.model_dir)
-        if args.model_dir
-        else ROOT / ".pytest_cache" / "opsbot-models" / f"8b-v{TEST_MODEL_VERSION}"
-    )
-    build_test_model(model, "8b")
-    tokenizer = HFChatTokenizer(str(model))
+    models = model_folders(args)
+    tokenizer = HFChatTokenizer(str(models["8b"]))
     wl = build_workload(tokenizer, repeats=args.burst_repeats)
     configs = [c for c in args.configs.split(",") if c]
     layers = [x for x in args.layers.split(",") if x]
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown admission variant(s) {unknown}; known: {sorted(VARIANTS)}")
+    warmups = [w for w in args.warmups.split(",") if w]
+    args.workloads = {w for w in args.workloads.split(",") if w}
     logger.info(
-        "workload: system prompt %d tokens, burst prompt %d tokens, background %d, urgent %d",
+        "workload: system prompt %d tokens, burst prompt %d tokens, pressure context %d tokens",
         wl.system_tokens,
         len(wl.bursts[8][0]),
-        len(wl.background[0]),
-        len(wl.urgent[0]),
+        len(wl.pressure_background[0]),
     )
     report: dict[str, Any] = {
         "meta": meta(sys.argv),
@@ -520,34 +676,37 @@ async def main_async(args: argparse.Namespace) -> int:
         "runs": [],
     }
     out = Path(args.out)
+    plan = [(c, w, layer) for c in configs for w in warmups for layer in layers]
     if args.dry_run:
-        print(
-            json.dumps(
-                {"plan": {"configs": configs, "layers": layers, "variants": variants}, **report}, indent=2
-            )
-        )
+        print(json.dumps({"plan": plan, "pressure": args.pressure, **report}, indent=2))
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    for name in configs:
-        cfg = engine_config(args, model, name)
-        for layer in layers:
-            logger.info("=== %s / %s ===", name, layer)
-            try:
-                if layer == "opsbot":
-                    run = await bench_opsbot(cfg, wl, variants)
-                else:
-                    run = await bench_raw(cfg, cfg.quantization, wl)
-            except Exception as exc:  # keep the other runs' numbers
-                logger.exception("%s / %s failed", name, layer)
-                run = {"layer": layer, "error": f"{type(exc).__name__}: {exc}"}
-            run["config"] = name
-            report["runs"].append(run)
-            report["targets"] = compare([r for r in report["runs"] if "error" not in r])
-            out.write_text(json.dumps(report, indent=2) + "\n")
-    md = table([r for r in report["runs"] if "error" not in r])
-    out.with_suffix(".md").write_text(md + "\n")
-    print(md)
-    print(json.dumps(report["targets"], indent=2))
+
+    def save() -> None:
+        report["compare"] = compare([r for r in report["runs"] if "error" not in r])
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        out.with_suffix(".md").write_text(table(report) + "\n")
+
+    for k, (name, warmup, layer) in enumerate(plan, start=1):
+        logger.info("=== engine %d of %d: %s / warm-up %s / %s ===", k, len(plan), name, warmup, layer)
+        cfg = engine_config(args, name, models, warmup=warmup)
+        try:
+            run = await bench_engine(layer, cfg, wl, args)
+        except Exception as exc:  # keep the other engines' numbers
+            logger.exception("%s / %s / %s failed", name, warmup, layer)
+            run = {"layer": layer, "error": f"{type(exc).__name__}: {exc}"}
+        run.update({"config": name, "warmup": warmup})
+        report["runs"].append(run)
+        save()
+    if args.pressure:
+        cfg = engine_config(args, args.pressure, models, warmup="incident", blocks=args.pressure_blocks)
+        try:
+            report["pressure"] = await bench_pressure(cfg, wl, args)
+        except Exception as exc:
+            logger.exception("pressure failed")
+            report["pressure_error"] = f"{type(exc).__name__}: {exc}"
+        save()
+    print(table(report))
     return 0
 
 
@@ -555,27 +714,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--configs", default="bf16,fp8", help="comma list of bf16, fp8 (default: both)")
-    p.add_argument("--layers", default="opsbot,raw", help="comma list of opsbot, raw (default: both)")
     p.add_argument(
-        "--variants",
-        default="none,default,bg-prefill-2,bg-prefill-4,bg-cap-48",
-        help=f"admission variants for urgent-under-load on the opsbot engine ({', '.join(VARIANTS)})",
+        "--configs", default="bf16", help="comma list of bf16, fp8, awq, gptq (each optionally +kvfp8)"
+    )
+    p.add_argument("--layers", default="opsbot,raw", help="comma list of opsbot, raw")
+    p.add_argument("--warmups", default="system,incident", help="comma list of system, incident")
+    p.add_argument(
+        "--workloads", default="single,bursts", help="besides the episodes: single, bursts (or none)"
+    )
+    p.add_argument("--episodes", type=int, default=4, help="urgent-under-load episodes per fresh engine")
+    p.add_argument(
+        "--pressure", default="", help="run the pressure workload on this configuration (e.g. bf16)"
     )
     p.add_argument(
-        "--model-dir", help="8B-shaped model folder (default: build the test model into .pytest_cache)"
+        "--pressure-blocks", type=int, default=5000, help="KV-cache blocks for the pressure engines"
+    )
+    p.add_argument(
+        "--pressure-seconds", type=float, default=20.0, help="arrival window of the pressure workload"
+    )
+    p.add_argument("--pressure-bg-rate", type=float, default=12.0, help="background arrivals per second")
+    p.add_argument("--pressure-urgent-rate", type=float, default=1.0, help="urgent arrivals per second")
+    p.add_argument(
+        "--model-dir", help="folder for the test model folders (default: .pytest_cache/opsbot-models)"
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    p.add_argument(
-        "--burst-repeats",
-        type=int,
-        default=1,
-        help="run each burst N times with fresh prompts (pooled + each p99)",
-    )
+    p.add_argument("--burst-repeats", type=int, default=1, help="run each burst N times with fresh prompts")
     p.add_argument(
         "--out",
         default=str(ROOT / "bench" / "results" / f"engine_bench-{dt.date.today().isoformat()}.json"),
-        help="JSON result path (a .md table is written beside it)",
+        help="JSON result path (a .md report is written beside it)",
     )
     p.add_argument("--dry-run", action="store_true", help="build the workload and print the plan; no vLLM")
     return p.parse_args(argv)

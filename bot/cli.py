@@ -87,6 +87,7 @@ def build_parser() -> OneLineParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsbot`` console script."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return _dispatch(args, err)
@@ -132,8 +133,23 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "chat":
         return asyncio.run(_chat(settings, err))
     if args.command == "run":
+        if _needs_supervisor(settings):
+            from bot.supervisor import supervise
+
+            return supervise([sys.executable, "-m", "bot.cli", *args.argv])
         return asyncio.run(_run(settings, err))
     raise AssertionError(args.command)  # argparse only lets known commands through
+
+
+def _needs_supervisor(settings: Settings) -> bool:
+    """``opsbot run`` on vLLM runs under :mod:`bot.supervisor`, so its engine processes never
+    outlive it (unless it already is the supervised child)."""
+    import os
+
+    from bot.engine_factory import pick_backend
+    from bot.supervisor import SUPERVISED_ENV
+
+    return not os.environ.get(SUPERVISED_ENV) and pick_backend(settings) == "vllm"
 
 
 def _setup_logging(settings: Settings, *, debug: bool) -> None:

@@ -33,6 +33,9 @@ def resolve_model(settings: Settings, progress: Callable[[str], None] | None = N
     """The configured model, or the tiny offline test model (built on first use)."""
     if settings.engine.model:
         return settings.engine.model
+    if settings.engine.backend == "openai":
+        # The server has the model; its name may be served_model_name alone (checked at start).
+        return settings.engine.served_model_name or ""
     from inference.testmodel import build_test_model, is_test_model
 
     path = default_model_dir(settings)
@@ -44,7 +47,7 @@ def resolve_model(settings: Settings, progress: Callable[[str], None] | None = N
 
 
 def pick_backend(settings: Settings) -> str:
-    """``cpu`` or ``vllm``; ``auto`` takes vLLM when it is installed and a CUDA GPU is visible."""
+    """The configured backend; ``auto`` is vLLM when it is installed and a CUDA GPU is visible, else cpu."""
     if settings.engine.backend != "auto":
         return settings.engine.backend
     if importlib.util.find_spec("vllm") is None:
@@ -78,6 +81,10 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
         from inference.vllm_engine import VllmEngine
 
         inner = VllmEngine(config, on_dead=_engine_died, on_fatal=on_fatal)
+    elif backend == "openai":
+        from inference.openai_engine import OpenAIEngine
+
+        inner = OpenAIEngine(config)
     else:
         from inference.cpu_engine import CpuEngine
 

@@ -306,6 +306,7 @@ class Pipeline:
             lane=lane,
             sampling=sampling,
             prompt_token_ids=plan.token_ids,
+            messages=plan.messages,  # for a remote server that takes chat messages, not ids
         )
         text, result, error = await self._generate(request, reply, record)
         # End-to-end time, measured once: from the adapter taking the event to the answer complete.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from inference.engine import Lane
 
@@ -25,9 +25,10 @@ class ConfigSection(BaseModel):
 class EngineConfig(ConfigSection):
     """The inference engine: which backend, which model, and every knob the backends read."""
 
-    backend: Literal["auto", "cpu", "vllm"] = "auto"
-    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU) or ``auto`` (vllm when CUDA and
-    vLLM are importable, else cpu)."""
+    backend: Literal["auto", "cpu", "vllm", "openai"] = "auto"
+    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU), ``openai`` (a remote
+    OpenAI-compatible server at ``base_url``: vLLM, llama.cpp, Ollama, TGI) or ``auto`` (vllm when CUDA
+    and vLLM are importable, else cpu; never openai)."""
     model: str | None = None
     """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
     tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
@@ -90,6 +91,36 @@ class EngineConfig(ConfigSection):
     """Requests the CPU engine decodes at once."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
+    base_url: str | None = None
+    """``openai`` backend: root URL of the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000``
+    (a trailing ``/v1`` is accepted). Required for that backend."""
+    api_key: SecretStr | None = None
+    """``openai`` backend: sent as ``Authorization: Bearer ...`` (vLLM's ``--api-key``)."""
+    served_model_name: str | None = None
+    """``openai`` backend: the model name sent as ``model`` and looked up in ``/v1/models``
+    (vLLM's ``--served-model-name``); unset: ``model``."""
+    server_kind: Literal["auto", "vllm", "llamacpp", "ollama", "tgi", "openai"] = "auto"
+    """``openai`` backend: which server it is, for the routes and fields it accepts (token-id prompts,
+    ``priority``, ``/tokenize``, health route); ``auto`` detects it from ``/v1/models`` at start."""
+    server_prompt: Literal["auto", "token_ids", "messages"] = "auto"
+    """``openai`` backend: ``token_ids`` sends the bot's rendered prompt ids to ``/v1/completions``
+    (vLLM, llama.cpp), ``messages`` sends chat messages to ``/v1/chat/completions`` (the server applies
+    its chat template); ``auto``: token ids where the server kind accepts them."""
+    server_priority: bool | None = None
+    """``openai`` backend: send each request's lane as vLLM's ``priority`` field (urgent 0, normal 5,
+    background 10; effective with ``vllm serve --scheduling-policy priority``); unset: on for vLLM."""
+    request_connect_timeout_s: float = Field(5.0, gt=0)
+    """``openai`` backend: seconds to open a connection to the server before it counts as down."""
+    request_read_timeout_s: float | None = Field(120.0, gt=0)
+    """``openai`` backend: most seconds between two pieces of a streamed answer (and before the
+    first token) before the request fails; ``None``: no limit (the request deadline still applies)."""
+    health_interval_s: float = Field(5.0, gt=0)
+    """``openai`` backend: seconds between health checks of the server (``/readyz`` follows them)."""
+    server_wait_s: float = Field(0.0, ge=0)
+    """``openai`` backend: at start, seconds to wait for the server to come up (it may still be
+    loading its model), with progress logged; 0: fail at once when it is down."""
+    server_max_connections: int = Field(256, ge=1)
+    """``openai`` backend: most HTTP connections to the server at once (one per streaming answer)."""
 
     def require_model(self) -> str:
         """``model``, which an engine needs set (the bot resolves the default model before building one)."""
@@ -103,6 +134,15 @@ class EngineConfig(ConfigSection):
         if value not in ("auto", "bfloat16", "float16", "float32", "half", "float"):
             raise ValueError(f"dtype must be auto, bfloat16, float16 or float32, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> EngineConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(
+                "engine.backend = 'openai' needs engine.base_url, the model server's URL "
+                "(e.g. http://127.0.0.1:8000 for `vllm serve`)"
+            )
+        return self
 
 
 def _lanes(**values: int) -> dict[Lane, int | None]:

@@ -65,8 +65,10 @@ class ChatMessage:
 class GenerationRequest:
     """What the pipeline asks an engine for.
 
-    Exactly one of ``messages`` (rendered by the engine's chat template) or
-    ``prompt_token_ids`` (already rendered, e.g. by ``bot.prompts``) must be set.
+    At least one of ``messages`` (rendered by the engine's chat template) or ``prompt_token_ids``
+    (already rendered, e.g. by ``bot.prompts``) must be set. When both are, the ids are the prompt
+    and ``messages`` are what they were rendered from, for an engine that cannot take token ids
+    (a remote server's chat endpoint, see ``inference.openai_engine``).
     """
 
     request_id: str
@@ -79,8 +81,8 @@ class GenerationRequest:
     """Prompt size used by admission control when token ids are not given."""
 
     def __post_init__(self) -> None:
-        if (self.messages is None) == (self.prompt_token_ids is None):
-            raise ValueError("GenerationRequest needs exactly one of messages or prompt_token_ids")
+        if self.messages is None and self.prompt_token_ids is None:
+            raise ValueError("GenerationRequest needs messages or prompt_token_ids")
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from bot import metrics
 from bot.adapters.base import ChatAdapter, ReplyStream
 from bot.context.base import ContextBundle
 from bot.errors import PlatformError
-from bot.prompts import PromptBuilder
+from bot.prompts import PromptBuilder, PromptPlan
 from bot.redact import redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage
@@ -291,31 +291,40 @@ class Pipeline:
         sampling = self.scenarios.get(scenario)
         history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario)
         record.context_ms = context_ms
-        plan = self.prompts.build(
-            scenario=scenario,
-            question=message.text,
-            asker=message.user_name or message.user,
-            history=history,
-            context=bundle,
-            max_tokens=sampling.max_tokens,
-        )
-        record.prompt_tokens = plan.prompt_tokens
-        request = GenerationRequest(
-            request_id=message.request_id,
-            scenario=scenario,
-            lane=lane,
-            sampling=sampling,
-            prompt_token_ids=plan.token_ids,
-            messages=plan.messages,  # for a remote server that takes chat messages, not ids
-        )
-        text, result, error = await self._generate(request, reply, record)
+        plan: PromptPlan | None = None
+        result: GenerationResult | None = None
+        error: str | None = None
+        try:
+            plan = self.prompts.build(
+                scenario=scenario,
+                question=message.text,
+                asker=message.user_name or message.user,
+                history=history,
+                context=bundle,
+                max_tokens=sampling.max_tokens,
+            )
+        except (EngineGenerateError, EngineDeadError) as exc:
+            # The model server's own tokenizer (engine.backend = "openai") fails like the engine.
+            text, error = "", _engine_failure(exc, record)
+            logger.warning("request %s: %s", message.request_id, record.error)
+        else:
+            record.prompt_tokens = plan.prompt_tokens
+            request = GenerationRequest(
+                request_id=message.request_id,
+                scenario=scenario,
+                lane=lane,
+                sampling=sampling,
+                prompt_token_ids=plan.token_ids,
+                messages=plan.messages,  # for a remote server that takes chat messages, not ids
+            )
+            text, result, error = await self._generate(request, reply, record)
         # End-to-end time, measured once: from the adapter taking the event to the answer complete.
         record.e2e_ms = (time.perf_counter() - message.received_perf) * 1000
         answer = FinalAnswer(
             request_id=message.request_id,
             text=error or text,
             sources=list(bundle.notes) if bundle else [],
-            left_out=plan.left_out,
+            left_out=plan.left_out if plan else [],
             ttft_ms=result.ttft_ms if result else None,
             tpot_ms=result.tpot_ms if result else None,
             total_ms=record.e2e_ms,
@@ -384,22 +393,8 @@ class Pipeline:
                         await reply.update(redact(text))
                 elif isinstance(event, GenerationResult):
                     result = event
-        except RequestTimeoutError as exc:
-            record.status = "timeout"
-            error = TIMEOUT_TEXT.format(seconds=exc.seconds)
-        except EngineDeadError as exc:
-            record.status = "engine_dead"
-            error = ENGINE_DEAD_TEXT
-            record.error = f"engine dead: {exc}"[:500]
-        except EngineOverloadedError as exc:
-            record.status = "overloaded"
-            error = OVERLOADED_TEXT.format(detail=exc)
-        except RequestAbortedError as exc:
-            record.status = "aborted"
-            error = FAILED_TEXT.format(detail=f"the request was stopped ({exc})")
-        except EngineGenerateError as exc:
-            record.status = "error"
-            error = FAILED_TEXT.format(detail=exc)
+        except (EngineGenerateError, EngineDeadError) as exc:
+            error = _engine_failure(exc, record)
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]
@@ -436,6 +431,28 @@ class Pipeline:
             metrics.E2E.labels(record.scenario, record.lane).observe(record.e2e_ms / 1000)
         if record.prompt_tokens and record.status == "ok":
             metrics.CACHED_PROMPT_FRACTION.observe(record.cached_tokens / record.prompt_tokens)
+
+
+def _engine_failure(exc: EngineGenerateError | EngineDeadError, record: RequestRecord) -> str:
+    """The user-facing text for a branch of the engine's error tree; sets the row's status."""
+    if isinstance(exc, RequestTimeoutError):
+        record.status = "timeout"
+        error = TIMEOUT_TEXT.format(seconds=exc.seconds)
+    elif isinstance(exc, EngineDeadError):
+        record.status = "engine_dead"
+        error = ENGINE_DEAD_TEXT
+        record.error = f"engine dead: {exc}"[:500]
+    elif isinstance(exc, EngineOverloadedError):
+        record.status = "overloaded"
+        error = OVERLOADED_TEXT.format(detail=exc)
+    elif isinstance(exc, RequestAbortedError):
+        record.status = "aborted"
+        error = FAILED_TEXT.format(detail=f"the request was stopped ({exc})")
+    else:
+        record.status = "error"
+        error = FAILED_TEXT.format(detail=exc)
+    record.error = record.error or error
+    return error
 
 
 def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:

@@ -33,7 +33,8 @@ class EngineConfig(ConfigSection):
     """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
     tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
     tokenizer: str | None = None
-    """Tokenizer folder or id when it differs from ``model``."""
+    """Tokenizer folder or id when it differs from ``model`` (``openai`` backend: the local tokenizer
+    for prompt budgets; unset: ``model`` if it is a local folder, else the server's ``/tokenize``)."""
     revision: str | None = None
     """Hugging Face revision (branch, tag or commit) of ``model``."""
     trust_remote_code: bool = False

@@ -677,6 +677,7 @@ class FakeOpenAIServer:
                         "generation_time_ms": (last_ts - first_ts) * 1e3,
                         "queue_time_ms": (scheduled - queued_at) * 1e3,
                         "mean_itl_ms": (last_ts - first_ts) * 1e3 / max(len(out) - 1, 1),
+                        "tokens_per_second": len(out) / max(last_ts - scheduled, 1e-9),
                     }
                 await self._send(response, f"data: {_dumps(final)}\n\n")
             await self._send(response, "data: [DONE]\n\n")

@@ -2,10 +2,11 @@
 
 Used by the ``openai`` backend when no local tokenizer is configured. :class:`ChatTokenizer` is a
 synchronous interface (the prompt builder counts and renders inline), so every call here is one
-blocking HTTP round trip on the calling thread: about a millisecond to a server on the same host,
-more across a network. Counts are cached (history turns and context sections repeat across
-follow-ups), renders are not. Set ``engine.tokenizer`` to the model's tokenizer folder or id to
-avoid the round trips; the engine then renders locally and sends token ids.
+blocking HTTP round trip on the calling thread: milliseconds per prompt to a server on the same
+host (the server tokenizes too), more across a network. Counts are cached (history turns and
+context sections repeat across follow-ups), renders are not. Set ``engine.tokenizer`` to the
+model's tokenizer folder or id to avoid the round trips; the engine then renders locally and
+sends token ids.
 
 Routes per server kind:
 

@@ -671,6 +671,14 @@ async def test_an_unknown_model_name_is_a_startup_error_listing_what_the_server_
     assert "engine.served_model_name" in str(info.value)
 
 
+async def test_no_model_name_at_all_is_a_startup_error_listing_what_the_server_offers(
+    server: FakeOpenAIServer,
+) -> None:
+    engine = OpenAIEngine(remote_config(server, model=None))
+    with pytest.raises(EngineStartupError, match=f"no model name configured; .* serves: {MODEL}"):
+        await engine.start()
+
+
 async def test_served_model_name_wins_over_model(server: FakeOpenAIServer, tiny_model: Path) -> None:
     engine = await started(server, model=str(tiny_model), served_model_name=MODEL)
     try:

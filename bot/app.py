@@ -26,6 +26,7 @@ from bot.engine_factory import build_engine, pick_backend, resolve_model
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder, load_system_prompt
+from bot.slo import SloGuard
 from bot.store import Store
 from bot.types import IncomingMessage
 from inference.engine import ChatMessage, Engine
@@ -49,6 +50,7 @@ class OpsBot:
         self.engine: Engine | None = None
         self.pipeline: Pipeline | None = None
         self.context: ContextGatherer | None = None
+        self.slo: SloGuard | None = None
         self.adapters: list[ChatAdapter] = []
         self.http_runner: web.AppRunner | None = None
         self.http_port: int | None = None
@@ -76,6 +78,9 @@ class OpsBot:
         )
         self.progress(f"engine ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
+        self.slo = SloGuard.for_engine(s.slo, self.engine)
+        if self.slo is not None:
+            self.slo.start()
         self.pipeline = Pipeline(
             engine=self.engine,
             store=self.store,
@@ -83,6 +88,7 @@ class OpsBot:
             scenarios=ScenarioRegistry(s.scenarios),
             context=self.context,
             model_name=model,
+            slo=self.slo,
         )
         return self.pipeline
 
@@ -105,6 +111,8 @@ class OpsBot:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
             self.progress(f"{adapter.platform} adapter connected")
+        if self.slo is not None:
+            self.slo.attach({adapter.platform: adapter for adapter in self.adapters})
 
     def _alert_receiver(self, adapters: list[ChatAdapter]) -> AlertmanagerReceiver | None:
         if not self.settings.alertmanager.enabled:
@@ -141,6 +149,8 @@ class OpsBot:
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()
+        if self.slo is not None:
+            await self.slo.stop()
         if self.engine is not None:
             # The pipeline has drained: whatever the engine still runs was cancelled with its answer.
             await self.engine.shutdown(drain_timeout_s=5.0)

@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from bot.errors import OpsbotError
 from inference.config import AdmissionConfig, ConfigSection, EngineConfig
+from inference.engine import Lane
 
 ENV_PREFIX = "OPSBOT_"
 CONFIG_FILE_ENV = "OPSBOT_CONFIG"
@@ -352,6 +353,79 @@ class ContextSettings(ConfigSection):
     """Seconds a provider's answer is reused for the same query (incident bursts)."""
 
 
+def _lane_targets(**seconds: float) -> dict[Lane, float | None]:
+    return {Lane(name): value for name, value in seconds.items()}
+
+
+class SloSettings(ConfigSection):
+    """The SLO guard (``bot/slo.py``): rolling P99 TTFT per lane against targets; on a breach it
+    warns once and tightens the background lane step by step, and undoes it step by step on recovery."""
+
+    enabled: bool = True
+    """Watch TTFT and act on breaches (off: nothing is tuned and no warning is posted)."""
+    ttft_p99_target_s: dict[Lane, float | None] = Field(
+        default_factory=lambda: _lane_targets(urgent=2.0, normal=2.0)
+    )
+    """P99 TTFT target per lane in seconds. The background lane has none by default: it waits by
+    design, and tightening it could never bring its own TTFT back under a target."""
+    window_s: float = Field(120.0, gt=0)
+    """Seconds of answers the rolling P99 covers."""
+    min_samples: int = Field(20, ge=1)
+    """Answers a lane needs in the window before its P99 is judged (fewer: neither breach nor alarm)."""
+    evaluate_interval_s: float = Field(5.0, gt=0)
+    """Seconds between two evaluations of the windows."""
+    step_interval_s: float = Field(30.0, ge=0)
+    """Least seconds between two tightening steps while the breach lasts (gives a step time to work)."""
+    recover_ratio: float = Field(0.8, gt=0, le=1)
+    """A lane counts as recovered when its P99 is at most this share of its target (hysteresis, so a
+    P99 hovering at the target does not flap)."""
+    recover_hold_s: float = Field(60.0, ge=0)
+    """Seconds every lane must stay recovered before one step is undone (and again for the next)."""
+    background_max_in_flight_steps: list[int] = Field(default_factory=lambda: [32, 16, 4])
+    """Background lane in-flight limit at each tightening step (never above its configured limit)."""
+    background_max_tokens_steps: list[int] = Field(default_factory=lambda: [256, 128, 64])
+    """Background answers' max_tokens cap at each tightening step (same number of steps as above)."""
+    ops_channel: str | None = None
+    """Where the breach warning and the recovery note go, as ``platform:channel`` (``slack:C0OPS``);
+    unset: logged and counted only."""
+    warning_cooldown_s: float = Field(900.0, ge=0)
+    """After a warning, no new one for this many seconds even if the guard recovered and breached
+    again meanwhile (a flapping P99 posts one warning, not one per flap)."""
+    kv_cache_watermark: float | None = Field(None, gt=0, le=1)
+    """Optional (unset: off): when KV-cache use stays at or above this share for ``kv_cache_hold_s``,
+    lower the normal and background lanes' in-flight limits to ``kv_cache_max_in_flight``."""
+    kv_cache_hold_s: float = Field(30.0, ge=0)
+    """Seconds KV-cache use must stay above (or, to undo, below) the watermark before acting."""
+    kv_cache_max_in_flight: dict[Lane, int] = Field(
+        default_factory=lambda: {Lane.NORMAL: 32, Lane.BACKGROUND: 16}
+    )
+    """In-flight limits while KV-cache use is over the watermark (never above the configured ones)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SloSettings:
+        steps, caps = self.background_max_in_flight_steps, self.background_max_tokens_steps
+        if not steps or len(steps) != len(caps):
+            raise ValueError(
+                "background_max_in_flight_steps and background_max_tokens_steps need the same number "
+                f"of steps (at least one), got {len(steps)} and {len(caps)}"
+            )
+        for name, values in (
+            ("background_max_in_flight_steps", steps),
+            ("background_max_tokens_steps", caps),
+        ):
+            if any(v < 1 for v in values) or values != sorted(values, reverse=True):
+                raise ValueError(
+                    f"{name} must be positive and never grow from one step to the next: {values}"
+                )
+        if self.ops_channel is not None:
+            platform, _, channel = self.ops_channel.partition(":")
+            if not platform or not channel:
+                raise ValueError(
+                    f"ops_channel {self.ops_channel!r} is not 'platform:channel' (e.g. 'slack:C0OPS')"
+                )
+        return self
+
+
 class Settings(BaseSettings):
     """Every setting of opsbot."""
 
@@ -393,6 +467,8 @@ class Settings(BaseSettings):
     """Alertmanager receiver."""
     context: ContextSettings = Field(default_factory=ContextSettings)
     """Context gathering."""
+    slo: SloSettings = Field(default_factory=SloSettings)
+    """SLO guard."""
 
     @classmethod
     def settings_customise_sources(

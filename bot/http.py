@@ -9,6 +9,7 @@ and the Alertmanager webhook, each mounted by its owner via ``http_routes()``.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterable
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from bot import metrics
 from bot.store import Store
+from inference.admission import LANE_ORDER, AdmittedEngine
 from inference.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -24,8 +26,12 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 STORE_KEY = web.AppKey("store", Store)
 
 
+_preemptions_seen: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+"""The engine's preemption count at the last scrape (it reports a running total; the metric counts)."""
+
+
 def refresh_engine_metrics(engine: Engine) -> None:
-    """Copy the engine's current stats into the exported gauges."""
+    """Copy the engine's current stats into the exported gauges (and its preemptions into the counter)."""
     stats = engine.stats()
     metrics.ENGINE_READY.set(1 if engine.health().ready else 0)
     metrics.ENGINE_RUNNING.set(stats.running)
@@ -35,7 +41,17 @@ def refresh_engine_metrics(engine: Engine) -> None:
     if stats.prefix_cache_hit_rate is not None:
         metrics.ENGINE_PREFIX_HIT_RATE.set(stats.prefix_cache_hit_rate)
     if stats.preemptions is not None:
-        metrics.ENGINE_PREEMPTIONS.set(stats.preemptions)
+        seen = _preemptions_seen.get(engine, 0)
+        # A restarted engine counts from zero again: then everything it reports is new.
+        metrics.ENGINE_PREEMPTIONS.inc(
+            stats.preemptions - seen if stats.preemptions >= seen else stats.preemptions
+        )
+        _preemptions_seen[engine] = stats.preemptions
+    if isinstance(engine, AdmittedEngine):
+        for lane in LANE_ORDER:
+            limit = engine.controller.limit(lane)
+            if limit is not None:
+                metrics.LANE_LIMIT.labels(lane.value).set(limit)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -53,6 +53,7 @@ from inference.scenarios import ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
     from bot.context.gatherer import ContextGatherer
+    from bot.slo import SloGuard
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Pipeline:
         scenarios: ScenarioRegistry,
         context: ContextGatherer | None = None,
         model_name: str = "",
+        slo: SloGuard | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -92,6 +94,9 @@ class Pipeline:
         self.scenarios = scenarios
         self.context = context
         self.model_name = model_name
+        self.slo = slo
+        """The SLO guard every answer's TTFT is reported to (``None``: off)."""
+        self.started = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -152,6 +157,10 @@ class Pipeline:
                     return
                 if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
                     return
+                if message.kind in _ASKED and message.text.strip().lower() == "status":
+                    # "@opsbot status": answered in the thread, where whoever asked is looking
+                    await adapter.send_notice(message, await self.status_text())
+                    return
                 await self._answer(message, adapter)
             except Exception:  # last line of defence: log it, the adapter's loop must go on
                 logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
@@ -202,10 +211,15 @@ class Pipeline:
         )
 
     async def status_text(self) -> str:
-        """One status block: model, health, queue per lane, KV cache, TTFT p50 / p99 (last hour)."""
+        """One status block: model, quantization, health, uptime, queue per lane, KV cache, prefix-cache
+        reuse and TTFT p50 / p99 (last hour), the SLO state, the store."""
         stats = self.engine.stats()
         health = self.engine.health()
-        ttft = sorted(await self.store.recent_ttft(datetime.now(UTC) - timedelta(hours=1)))
+        now = datetime.now(UTC)
+        recent = await self.store.requests_between(now - timedelta(hours=1), now)
+        ttft = sorted(r.ttft_ms for r in recent if r.ttft_ms is not None)
+        prompt_tokens = sum(r.prompt_tokens for r in recent if r.status == "ok")
+        cached_tokens = sum(r.cached_tokens for r in recent if r.status == "ok")
         lanes = ", ".join(
             f"{lane.value} {stats.waiting_by_lane.get(lane.value, 0)} waiting / "
             f"{stats.running_by_lane.get(lane.value, 0)} running"
@@ -222,13 +236,21 @@ class Pipeline:
         else:
             ttft_line = "TTFT last hour: no answers yet"
         state = "ready" if health.ready else f"NOT READY ({health.reason})"
-        quant = f", quantization {stats.quantization}" if stats.quantization else ""
+        quant = f"quantization {stats.quantization or 'none'}"
+        uptime = format_duration(time.monotonic() - self.started)
+        reuse = (
+            f"{cached_tokens / prompt_tokens * 100:.1f} % of {prompt_tokens} prompt tokens"
+            if prompt_tokens
+            else "no answers yet"
+        )
         return "\n".join(
             [
-                f"*opsbot status* — engine {stats.backend}, model `{stats.model}`{quant}: {state}",
+                f"*opsbot status* — engine {stats.backend}, model `{stats.model}`, {quant}: {state}, "
+                f"up {uptime}",
                 f"Queue: {lanes}",
-                f"KV cache in use: {kv}; prefix-cache hit rate: {hit}",
+                f"KV cache in use: {kv}; prefix-cache reuse last hour: {reuse} (engine hit rate {hit})",
                 ttft_line,
+                self.slo.describe() if self.slo is not None else "SLO guard: off",
                 f"Store: {'up' if await self.store.ping() else 'DOWN'}, "
                 f"{self.store.buffered} rows buffered, {self.store.dropped} dropped",
             ]
@@ -289,7 +311,7 @@ class Pipeline:
         self, message: IncomingMessage, reply: ReplyStream, scenario: str, lane: Lane, record: RequestRecord
     ) -> None:
         sampling = self.scenarios.get(scenario)
-        history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario)
+        history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario, lane)
         record.context_ms = context_ms
         plan: PromptPlan | None = None
         result: GenerationResult | None = None
@@ -340,6 +362,10 @@ class Pipeline:
             logger.error("request %s: reply could not be posted: %s", message.request_id, exc)
             record.status, record.error = exc.request_status, f"post: {exc}"[:500]
         record.post_ms = (time.perf_counter() - post_started) * 1000
+        if reply.first_visible_at is not None:
+            metrics.FIRST_VISIBLE.labels(record.scenario, record.lane, record.platform).observe(
+                reply.first_visible_at - message.received_perf
+            )
 
         thread = (message.platform, message.channel, reply.thread_id)
         await self.store.append_message(
@@ -349,7 +375,7 @@ class Pipeline:
             await self.store.append_message(*thread, "assistant", answer.text, request_id=message.request_id)
 
     async def _gather(
-        self, message: IncomingMessage, thread_id: str, scenario: str
+        self, message: IncomingMessage, thread_id: str, scenario: str, lane: Lane
     ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
         """Thread history and cluster context, fetched concurrently."""
         history_task = None
@@ -366,7 +392,7 @@ class Pipeline:
                 message.text, scenario=scenario, alert=alert if isinstance(alert, dict) else None
             )
             context_ms = (time.perf_counter() - t0) * 1000
-            metrics.CONTEXT.observe(context_ms / 1000)
+            metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
         return history, bundle, context_ms
 
@@ -418,19 +444,45 @@ class Pipeline:
         self._observe(record)
         await self.store.record_request(record)
 
-    @staticmethod
-    def _observe(record: RequestRecord) -> None:
+    def _observe(self, record: RequestRecord) -> None:
         metrics.REQUESTS.labels(record.platform, record.scenario, record.lane, record.status).inc()
+        labels = (record.scenario, record.lane, record.platform)
         if record.queue_ms is not None:
-            metrics.QUEUE.labels(record.lane).observe(record.queue_ms / 1000)
+            metrics.QUEUE.labels(*labels).observe(record.queue_ms / 1000)
         if record.ttft_ms is not None:
-            metrics.TTFT.labels(record.scenario, record.lane).observe(record.ttft_ms / 1000)
+            metrics.TTFT.labels(*labels).observe(record.ttft_ms / 1000)
         if record.tpot_ms is not None:
-            metrics.TPOT.labels(record.scenario).observe(record.tpot_ms / 1000)
+            metrics.TPOT.labels(*labels).observe(record.tpot_ms / 1000)
         if record.e2e_ms is not None:
-            metrics.E2E.labels(record.scenario, record.lane).observe(record.e2e_ms / 1000)
+            metrics.E2E.labels(*labels).observe(record.e2e_ms / 1000)
         if record.prompt_tokens and record.status == "ok":
             metrics.CACHED_PROMPT_FRACTION.observe(record.cached_tokens / record.prompt_tokens)
+            metrics.PROMPT_TOKENS.labels(*labels).inc(record.prompt_tokens)
+            metrics.CACHED_PROMPT_TOKENS.labels(*labels).inc(record.cached_tokens)
+        if record.output_tokens:
+            metrics.OUTPUT_TOKENS.labels(*labels).inc(record.output_tokens)
+        if self.slo is not None:
+            if record.ttft_ms is not None:
+                self.slo.observe(record.lane, record.ttft_ms / 1000)
+            elif record.status in ("timeout", "overloaded") and record.e2e_ms is not None:
+                # No first token at all: the wait the asker had is a lower bound of its TTFT.
+                self.slo.observe(record.lane, record.e2e_ms / 1000)
+
+
+_ASKED = (MessageKind.MENTION, MessageKind.DIRECT)
+"""Kinds whose whole text ``status`` is a question for the status block, not for the model."""
+
+
+def format_duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2 h 05 min``, ``3 d 4 h``: an uptime a person reads at a glance."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
 def _engine_failure(exc: EngineGenerateError | EngineDeadError, record: RequestRecord) -> str:

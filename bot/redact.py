@@ -122,7 +122,8 @@ def is_secret_name(name: str) -> bool:
     return any(p in _SECRET_WORDS for p in parts)
 
 
-_Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
+_Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str]], str]]
+"""(kind of secret, pattern, replacement): the kind labels ``opsbot_secrets_redacted_total``."""
 
 
 def _keep_group(group: int) -> Callable[[re.Match[str]], str]:
@@ -172,6 +173,7 @@ _VALUE = r"[^\s\"'`,;&<>(){}\[\]]+"
 _RULES: list[_Rule] = [
     # Private key blocks (PEM, OpenSSH, PGP), also with JSON-escaped newlines or cut off by a log tail.
     (
+        "private_key",
         re.compile(
             r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
             r"(?:[\s\S]*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[\s\S]*?(?=\n\s*\n|\"|\Z))"
@@ -179,9 +181,14 @@ _RULES: list[_Rule] = [
         _whole,
     ),
     # Slack incoming webhooks carry their secret in the path.
-    (re.compile(r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"), _whole),
+    (
+        "slack_webhook",
+        re.compile(r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"),
+        _whole,
+    ),
     # Authorization headers: keep the scheme, drop the credential.
     (
+        "authorization",
         re.compile(
             r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|token|digest|apikey|negotiate|sso-key)\s+)"
             r"([^\s\"',;]+)"
@@ -190,29 +197,39 @@ _RULES: list[_Rule] = [
     ),
     # A bearer credential has a digit or symbol in it, or is long: "bearer authentication" is prose.
     (
+        "bearer",
         re.compile(r"(?i)\b(bearer\s+)((?=[A-Za-z]*[0-9._~+/=\-])[A-Za-z0-9._~+/=\-]{8,}|[A-Za-z]{24,})"),
         _keep_group(2),
     ),
-    (re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"), _basic),
+    ("basic_auth", re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"), _basic),
     # Tokens of known shapes.
-    (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b"), _whole),
-    (re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), _whole),
-    (re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}"), _whole),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b"), _whole),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b"), _whole),
-    (re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"), _whole),
-    (re.compile(r"\bxox[abposre]-[A-Za-z0-9\-]{10,}"), _whole),
-    (re.compile(r"\bxapp-\d-[A-Za-z0-9\-]{10,}"), _whole),
-    (re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"), _whole),
-    (re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_\-]{20,}"), _whole),
-    (re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), _whole),
-    (re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), _whole),
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), _whole),
-    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), _whole),
+    (
+        "aws_access_key",
+        re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b"),
+        _whole,
+    ),
+    ("gcp_api_key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), _whole),
+    ("gcp_oauth_token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}"), _whole),
+    ("github_token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b"), _whole),
+    ("github_token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b"), _whole),
+    ("gitlab_token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"), _whole),
+    ("slack_token", re.compile(r"\bxox[abposre]-[A-Za-z0-9\-]{10,}"), _whole),
+    ("slack_token", re.compile(r"\bxapp-\d-[A-Za-z0-9\-]{10,}"), _whole),
+    ("stripe_key", re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"), _whole),
+    ("openai_key", re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_\-]{20,}"), _whole),
+    ("sendgrid_key", re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), _whole),
+    ("npm_token", re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), _whole),
+    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), _whole),
+    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), _whole),
     # Passwords in URLs: scheme://user:password@host (user kept).
-    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s\"']*:)([^@\s/\"']+)(@)"), _keep_group(2)),
+    (
+        "url_password",
+        re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s\"']*:)([^@\s/\"']+)(@)"),
+        _keep_group(2),
+    ),
     # Kubernetes env entries and similar name/value pairs in JSON.
     (
+        "named_value",
         re.compile(
             r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
             # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
@@ -223,29 +240,38 @@ _RULES: list[_Rule] = [
     # "key": "value" (JSON), 'key': 'value' (Python reprs) and key="value" / key='value' (logfmt,
     # shells, labels).
     (
+        "named_value",
         re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
         _named_value,
     ),
     (
+        "named_value",
         re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"),
         _named_value,
     ),
     # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
     (
+        "named_value",
         re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""),
         _named_value,
     ),
     (
+        "named_value",
         re.compile(
             rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
         ),
         _named_value,
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
-    (re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), _named_value),
+    (
+        "named_value",
+        re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"),
+        _named_value,
+    ),
     # key: value at the start of a line (YAML, HTTP headers) or after { , ; - so prose such as
     # "failed to refresh token: context deadline exceeded" is not taken for a secret.
     (
+        "named_value",
         re.compile(
             rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
             rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
@@ -255,6 +281,7 @@ _RULES: list[_Rule] = [
     # IDENTIFIER: value anywhere (DB_PASSWORD, x-api-key, apiKey, TOKEN): names shaped like code,
     # not like prose, so "refresh token: context deadline exceeded" stays as it is.
     (
+        "named_value",
         re.compile(
             r"(?<![\w.\-])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
             rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
@@ -262,36 +289,47 @@ _RULES: list[_Rule] = [
         _named_value,
     ),
     # --password value / --token value (command lines).
-    (re.compile(rf"(?<![\w-])--(?P<name>{_NAME})[ \t]+(?P<value>(?!-){_VALUE})"), _named_value),
+    (
+        "named_value",
+        re.compile(rf"(?<![\w-])--(?P<name>{_NAME})[ \t]+(?P<value>(?!-){_VALUE})"),
+        _named_value,
+    ),
 ]
 
 
 def count_secrets(text: str) -> tuple[str, int]:
     """``text`` with secrets replaced, and how many replacements were made (no metrics)."""
-    total = 0
-    for pattern, replace in _RULES:
+    new, by_kind = count_secrets_by_kind(text)
+    return new, sum(by_kind.values())
+
+
+def count_secrets_by_kind(text: str) -> tuple[str, dict[str, int]]:
+    """``text`` with secrets replaced, and the replacements per kind of secret (no metrics)."""
+    counts: dict[str, int] = {}
+    for kind, pattern, replace in _RULES:
         if not text:
             break
 
-        def counting(match: re.Match[str], replace: Callable[[re.Match[str]], str] = replace) -> str:
-            nonlocal total
+        def counting(
+            match: re.Match[str], replace: Callable[[re.Match[str]], str] = replace, kind: str = kind
+        ) -> str:
             new = replace(match)
             if new != match.group(0):
-                total += 1
+                counts[kind] = counts.get(kind, 0) + 1
             return new
 
         text = pattern.sub(counting, text)
-    return text, total
+    return text, counts
 
 
 def redact(text: str, *, where: str = "text") -> str:
     """``text`` with every secret replaced by ``[REDACTED]`` (key names kept); replacements are
-    counted in ``opsbot_secrets_redacted_total{where=...}``."""
+    counted in ``opsbot_secrets_redacted_total{where=..., kind=...}``."""
     if not text:
         return text
-    new, count = count_secrets(text)
-    if count:
-        metrics.SECRETS_REDACTED.labels(where=where).inc(count)
+    new, by_kind = count_secrets_by_kind(text)
+    for kind, count in by_kind.items():
+        metrics.SECRETS_REDACTED.labels(where=where, kind=kind).inc(count)
     return new
 
 

@@ -24,6 +24,12 @@ Nothing already admitted is ever aborted or requeued: no work is lost, it only s
 Queues are bounded per lane; a full queue or a wait past ``queue_timeout_s`` raises
 :class:`EngineOverloadedError`.
 
+**Runtime tuning**: the configuration gives each lane's starting ``max_in_flight``; while running,
+:meth:`AdmissionController.set_limit` changes it and :meth:`AdmissionController.set_max_tokens_cap`
+shortens the answers of a lane (the bot's SLO guard, ``bot/slo.py``, does both to the background
+lane while urgent TTFT is over target). Lowering a limit never aborts admitted work; raising one
+admits waiting requests at once.
+
 :class:`AdmittedEngine` is also the one layer that enforces the request deadline
 (``engine.request_timeout_s``), for every backend alike: a generation still running that long
 after its admission is aborted in the inner engine and fails with :class:`RequestTimeoutError`.
@@ -126,6 +132,10 @@ class AdmissionController:
         self._queues: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in LANE_ORDER}
         self._in_flight: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
         self._prefilling: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
+        self._limits: dict[Lane, int | None] = {
+            lane: self.config.max_in_flight.get(lane) for lane in LANE_ORDER
+        }
+        self._max_tokens_caps: dict[Lane, int | None] = dict.fromkeys(LANE_ORDER)
         self._closed: str | None = None
 
     # --- observation ---------------------------------------------------------------------------
@@ -145,6 +155,35 @@ class AdmissionController:
         """Requests admitted that have not had their first token yet, per lane name."""
         return {lane.value: n for lane, n in self._prefilling.items()}
 
+    # --- runtime tuning ------------------------------------------------------------------------
+
+    def limit(self, lane: Lane) -> int | None:
+        """The lane's current in-flight limit (``None``: unlimited)."""
+        return self._limits[Lane(lane)]
+
+    def configured_limit(self, lane: Lane) -> int | None:
+        """The lane's in-flight limit as configured (what :meth:`set_limit` changes at run time)."""
+        return self.config.max_in_flight.get(Lane(lane))
+
+    def set_limit(self, lane: Lane, max_in_flight: int | None) -> None:
+        """Change the lane's in-flight limit now (``None``: unlimited). Requests already admitted keep
+        running when it is lowered; waiting ones are admitted at once when it is raised."""
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"the {Lane(lane).value} lane's limit must be at least 1 (or None)")
+        self._limits[Lane(lane)] = max_in_flight
+        self._pump()
+
+    def max_tokens_cap(self, lane: Lane) -> int | None:
+        """Most tokens an answer admitted in ``lane`` may generate now (``None``: its own ``max_tokens``)."""
+        return self._max_tokens_caps[Lane(lane)]
+
+    def set_max_tokens_cap(self, lane: Lane, cap: int | None) -> None:
+        """Shorten the answers of requests admitted in ``lane`` from now on to ``cap`` tokens at most
+        (``None``: no cap). Requests already running keep their length."""
+        if cap is not None and cap < 1:
+            raise ValueError(f"the {Lane(lane).value} lane's max_tokens cap must be at least 1 (or None)")
+        self._max_tokens_caps[Lane(lane)] = cap
+
     def _notify(self) -> None:
         if self._on_change is not None:
             try:
@@ -159,7 +198,7 @@ class AdmissionController:
 
     def _may_admit(self, lane: Lane) -> bool:
         cfg = self.config
-        limit = cfg.max_in_flight.get(lane)
+        limit = self._limits[lane]
         if limit is not None and self._in_flight[lane] >= limit:
             return False
         prefill_limit = cfg.max_prefilling.get(lane)
@@ -323,6 +362,15 @@ class AdmittedEngine(Engine):
         t0 = time.perf_counter()
         ticket = await self.controller.acquire(request.lane, request.request_id)
         try:
+            cap = self.controller.max_tokens_cap(request.lane)
+            if cap is not None and request.sampling.max_tokens > cap:
+                logger.debug(
+                    "request %s: max_tokens %d capped to %d",
+                    request.request_id,
+                    request.sampling.max_tokens,
+                    cap,
+                )
+                request = replace(request, sampling=replace(request.sampling, max_tokens=cap))
             # Pacing delays background requests by design; only long waits are news.
             if ticket.waited_s > 1.0:
                 logger.info(

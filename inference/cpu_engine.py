@@ -73,6 +73,8 @@ class _Request:
     started: float | None = None
     running: bool = False
     finished: bool = False
+    kv_tokens: int = 0
+    """Positions in the request's KV cache (prompt + generated so far), for ``kv_cache_usage``."""
     failure: EngineGenerateError | None = None
     """Set on the event loop by an abort: the stream raises it instead of any queued text."""
 
@@ -285,15 +287,20 @@ class CpuEngine(Engine):
         return EngineHealth(ready=False, reason=reasons[self._state])
 
     def stats(self) -> EngineStats:
-        """Running and waiting requests, in total and by lane."""
+        """Running and waiting requests, in total and by lane, and KV-cache use: positions held by
+        running requests over what the workers can hold (``cpu_max_concurrency`` x context window)."""
         running: dict[str, int] = {}
         waiting: dict[str, int] = {}
+        kv_tokens = 0
         with self._lock:
             for req in self._requests.values():
                 if req.finished:
                     continue
                 bucket = running if req.running else waiting
                 bucket[req.request.lane.value] = bucket.get(req.request.lane.value, 0) + 1
+                if req.running:
+                    kv_tokens += req.kv_tokens
+        capacity = self.config.cpu_max_concurrency * self._context_len
         return EngineStats(
             backend=self.backend,
             model=self.model,
@@ -301,6 +308,7 @@ class CpuEngine(Engine):
             waiting=sum(waiting.values()),
             running_by_lane=running,
             waiting_by_lane=waiting,
+            kv_cache_usage=min(1.0, kv_tokens / capacity) if capacity else None,
         )
 
     @property
@@ -442,6 +450,7 @@ class CpuEngine(Engine):
                 if first is None:
                     first = last
                 output.append(token)
+                req.kv_tokens = len(prompt) + len(output)
                 if token in self._eos_ids and not sampling.ignore_eos:
                     finish_reason = "stop"
                     break

@@ -31,6 +31,10 @@ answers it (the terminal awaits it; platforms do not)."""
 class ReplyStream(abc.ABC):
     """One answer being streamed into a thread."""
 
+    first_visible_at: float | None = None
+    """``time.perf_counter()`` when answer text (not the placeholder) first reached the platform, set
+    by the stream (``opsbot_first_visible_token_seconds``)."""
+
     @abc.abstractmethod
     async def update(self, text: str) -> None:
         """The whole answer so far; the stream decides when to edit (throttled)."""

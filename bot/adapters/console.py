@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import sys
+import time
 import uuid
 from typing import TextIO
 
@@ -42,8 +43,12 @@ class ConsoleReply(ReplyStream):
             self._out.write(text[len(self._shown) :])
             self._out.flush()
             self._shown = text
+            if text and self.first_visible_at is None:
+                self.first_visible_at = time.perf_counter()
 
     async def finish(self, answer: FinalAnswer) -> None:
+        if self.first_visible_at is None:
+            self.first_visible_at = time.perf_counter()
         if answer.text.startswith(self._shown):
             self._out.write(answer.text[len(self._shown) :])
         else:

@@ -32,7 +32,7 @@ from bot.errors import (
     PlatformUnavailable,
     platform_branch,
 )
-from bot.metrics import CHAT_API_RETRIES
+from bot.metrics import CHAT_API_CALLS, CHAT_API_RETRIES
 from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,15 @@ def _metric_path(path: str) -> str:
     return "/".join(parts)
 
 
+def _call_outcome(status: int) -> str:
+    """``opsbot_chat_api_calls_total``'s outcome of an HTTP status (the same words as Slack's)."""
+    if status < 400:
+        return "ok"
+    if status == 429:
+        return "ratelimited"
+    return "server_error" if status >= 500 else "rejected"
+
+
 class MattermostRest:
     """Async REST v4 client bound to one bot token."""
 
@@ -200,6 +209,7 @@ class MattermostRest:
                 client = session or self.session
                 async with client.request(method, target, json=json, params=params) as resp:
                     raw = await resp.read()
+                    CHAT_API_CALLS.labels(PLATFORM, label, _call_outcome(resp.status)).inc()
                     if resp.status < 400:
                         if not raw or resp.content_type != "application/json":
                             return None
@@ -214,6 +224,7 @@ class MattermostRest:
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 error = mattermost_error(method, path, None, f"{type(exc).__name__}: {exc}")
                 reason = "connection"
+                CHAT_API_CALLS.labels(PLATFORM, label, reason).inc()
             try:
                 if reason == "429":
                     delay = budget.after_rate_limit(wait, error.message)

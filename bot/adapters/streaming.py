@@ -240,6 +240,8 @@ class StreamingReply(ReplyStream):
             try:
                 await asyncio.shield(self._in_flight)
                 self._shown = text
+                if self.first_visible_at is None:
+                    self.first_visible_at = time.perf_counter()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # an intermediate edit may fail; the final one repairs it
@@ -265,6 +267,8 @@ class StreamingReply(ReplyStream):
             await asyncio.sleep(wait)
         last = len(chunks) - 1
         await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
+        if self.first_visible_at is None:
+            self.first_visible_at = time.perf_counter()
         for i, chunk in enumerate(chunks[1:], start=1):
             self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
 

@@ -149,6 +149,9 @@ class ContextGatherer:
             logger.exception("context provider %s raised", provider.name)
             result = ProviderResult.failed(provider.name, provider.target, "", f"{type(exc).__name__}: {exc}")
         result.elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics.CONTEXT_PROVIDER.labels(provider=provider.name, status=result.status.value).observe(
+            result.elapsed_ms / 1000
+        )
         return result
 
     def _done(self, key: _CacheKey, task: asyncio.Task[ProviderResult]) -> None:

@@ -159,6 +159,7 @@ class WriteBuffer:
         self._queue.append(row)
         self._idle.clear()
         self._wake.set()
+        metrics.STORE_ROWS_BUFFERED.inc()
         metrics.STORE_BUFFERED.set(len(self._queue))
         return True
 

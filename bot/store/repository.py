@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -431,6 +431,34 @@ class Store:
             logger.warning("database down: recent_ttft covers only the %d buffered requests", len(pending))
         stored.update(pending)
         return list(stored.values())
+
+    async def requests_between(self, since: datetime, until: datetime | None = None) -> list[RequestRecord]:
+        """Every request created in ``[since, until)``, stored or still buffered, oldest first, for
+        statistics (``opsbot stats``, ``/rca status``); ``error`` texts are left out (``None``).
+
+        Raises :class:`StoreError` if the database cannot be read.
+        """
+        names = [f.name for f in fields(RequestRecord) if f.name != "error"]
+        window = [_REQUESTS.c.created_at >= since]
+        if until is not None:
+            window.append(_REQUESTS.c.created_at < until)
+        # Buffered rows first, as in latency_stats: a row committed meanwhile is then in one of both.
+        pending = self._pending_requests(since, until)
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                stored = (
+                    await conn.execute(
+                        select(*(_REQUESTS.c[name] for name in names))
+                        .where(*window)
+                        .order_by(_REQUESTS.c.created_at)
+                    )
+                ).all()
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+        rows = {r.request_id: RequestRecord(**{name: getattr(r, name) for name in names}) for r in stored}
+        for p in pending:
+            rows[p.request_id] = RequestRecord(**{**asdict(p), "error": None})
+        return sorted(rows.values(), key=lambda r: _aware(r.created_at))
 
     async def count_requests(self) -> int:
         """Request rows in the database (not counting buffered ones)."""

@@ -101,14 +101,31 @@ def test_secret_names_are_told_from_metadata_about_secrets(name, secret):
     assert is_secret_name(name) is secret
 
 
-def _redacted_count(where: str) -> float:
-    return REGISTRY.get_sample_value("opsbot_secrets_redacted_total", {"where": where}) or 0.0
+def _redacted_count(where: str, kind: str | None = None) -> float:
+    """Replacements counted for ``where`` (of one ``kind``, or summed over every kind)."""
+    total = 0.0
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "opsbot_secrets_redacted_total" and labels.get("where") == where:
+                if kind is None or labels.get("kind") == kind:
+                    total += sample.value
+    return total
 
 
 def test_each_replacement_is_counted_in_the_metric():
     before = _redacted_count("unit-test")
     redact("DB_PASSWORD=abc123x and API_TOKEN=zzz999y", where="unit-test")
     assert _redacted_count("unit-test") - before == 2
+
+
+def test_replacements_are_counted_by_kind_of_secret():
+    before_jwt = _redacted_count("unit-test-kind", "jwt")
+    before_named = _redacted_count("unit-test-kind", "named_value")
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJl"
+    redact(f"token {jwt} and DB_PASSWORD=abc123x", where="unit-test-kind")
+    assert _redacted_count("unit-test-kind", "jwt") - before_jwt == 1
+    assert _redacted_count("unit-test-kind", "named_value") - before_named == 1
 
 
 def test_the_logging_filter_removes_secrets_from_messages_arguments_and_tracebacks():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
-from rich.table import Table
 
 from bot import __version__
 from bot.config import ConfigError, Settings, load_settings
@@ -47,6 +47,41 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
 
 
+Moment = timedelta | datetime
+"""A point in time on the command line: a duration ago, or a time (UTC unless it says otherwise)."""
+
+
+def parse_moment(text: str) -> Moment:
+    """``1h`` (that long ago) or ``2026-11-29T09:00`` / ``2026-11-29 09:00+01:00`` (naive is UTC)."""
+    with contextlib.suppress(argparse.ArgumentTypeError):
+        return parse_duration(text)
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration like 30m, 1h or 7d nor a time like 2026-11-29T09:00"
+        ) from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def resolve_moment(moment: Moment, now: datetime) -> datetime:
+    """The time ``moment`` names, durations counted back from ``now``."""
+    return now - moment if isinstance(moment, timedelta) else moment
+
+
+def parse_dimensions(text: str) -> tuple[str, ...]:
+    """``scenario,lane`` as a tuple of known ``--by`` dimensions (no repeats)."""
+    from bot.stats import DIMENSIONS
+
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in DIMENSIONS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: group by one or more of {', '.join(DIMENSIONS)}, comma-separated, each once"
+        )
+    return names
+
+
 def build_parser() -> OneLineParser:
     """The command-line grammar."""
     parser = OneLineParser(prog="opsbot", description="ChatOps incident assistant with an in-process LLM.")
@@ -55,11 +90,32 @@ def build_parser() -> OneLineParser:
     sub.required = True
     sub.add_parser("run", help="run the configured chat adapters and the HTTP server")
     sub.add_parser("chat", help="talk to opsbot in this terminal (full pipeline, one thread per session)")
-    stats = sub.add_parser("stats", help="latency percentiles per scenario and platform")
-    stats.add_argument(
-        "--since", type=parse_duration, default=timedelta(hours=24), help="window, e.g. 1h, 7d"
+    stats = sub.add_parser(
+        "stats", help="latency percentiles, errors, prefix-cache reuse, TTFT histogram, plots"
     )
-    stats.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    stats.add_argument(
+        "--since",
+        type=parse_moment,
+        default=timedelta(hours=24),
+        help="start: a duration ago (30m, 1h, 7d) or a UTC time (2026-11-29T09:00); default 24h",
+    )
+    stats.add_argument("--until", type=parse_moment, default=None, help="end, as --since; default now")
+    stats.add_argument(
+        "--by",
+        type=parse_dimensions,
+        default=("scenario", "platform"),
+        help="group by one or more of scenario, lane, platform, channel, model (comma-separated; "
+        "default scenario,platform)",
+    )
+    shape = stats.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    shape.add_argument("--csv", action="store_true", help="print CSV (one row per group) instead of a table")
+    stats.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw TTFT and TPOT P50 / P99 over time per scenario",
+    )
     db = sub.add_parser("db", help="database migrations")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", parser_class=OneLineParser)
     db_sub.required = True
@@ -129,7 +185,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "db":
         return asyncio.run(_db(settings, args, out))
     if args.command == "stats":
-        return asyncio.run(_stats(settings, args.since, as_json=args.json, out=out))
+        return asyncio.run(_stats(settings, args, out=out, err=err))
     if args.command == "chat":
         return asyncio.run(_chat(settings, err))
     if args.command == "run":
@@ -200,56 +256,42 @@ async def _db(settings: Settings, args: argparse.Namespace, out: Console) -> int
     return 0
 
 
-async def _stats(settings: Settings, since: timedelta, *, as_json: bool, out: Console) -> int:
+async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, err: Console) -> int:
+    from bot.stats import build_report, render_csv, render_json, render_text
     from bot.store import Store
 
+    now = datetime.now(UTC)
+    since = resolve_moment(args.since, now)
+    until = resolve_moment(args.until, now) if args.until is not None else now
+    if since >= until:
+        err.print(
+            f"opsbot: error: --since ({since:%Y-%m-%d %H:%M:%S} UTC) must be before --until "
+            f"({until:%Y-%m-%d %H:%M:%S} UTC)",
+            markup=False,
+        )
+        return EXIT_USAGE
+    if err.is_terminal:  # a long window over a big database takes a moment; say what is happening
+        err.print(f"[dim]reading requests from {settings.masked()['store']['url']} ...[/dim]")
     store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
     try:
-        until = datetime.now(UTC)
-        rows = await store.latency_stats(until - since, until)
+        records = await store.requests_between(since, until)
     finally:
         await store.close()
-    if as_json:
-        from dataclasses import asdict
-
-        payload = {
-            "since": (until - since).isoformat(),
-            "until": until.isoformat(),
-            "unit": "ms",
-            "groups": [asdict(r) for r in rows],
-        }
-        out.print_json(json.dumps(payload))
-        return 0
-    table = Table(title=f"opsbot latency, last {_human(since)} (ms)")
-    for col in ("scenario", "platform", "requests", "errors"):
-        table.add_column(col)
-    for metric in ("TTFT", "TPOT", "queue", "end-to-end"):
-        table.add_column(f"{metric} p50 / p90 / p99 (ms)", justify="right")
-    for r in rows:
-        table.add_row(
-            r.scenario,
-            r.platform,
-            str(r.count),
-            str(r.errors),
-            *(_pcts(p) for p in (r.ttft_ms, r.tpot_ms, r.queue_ms, r.e2e_ms)),
-        )
-    if not rows:
-        out.print(f"no requests in the last {_human(since)}")
+    report = build_report(records, since, until, args.by)
+    if args.json:
+        print(json.dumps(render_json(report), indent=2))
+    elif args.csv:
+        sys.stdout.write(render_csv(report))
     else:
-        out.print(table)
+        print(render_text(report))
+    if args.plot is not None:
+        from bot.plots import PLOT_SIZE_PX, plot_latency
+        from inference.engine import Lane
+
+        target = settings.slo.ttft_p99_target_s.get(Lane.URGENT)
+        plot_latency(records, args.plot, since, until, ttft_target_s=target)
+        err.print(f"wrote {args.plot} ({PLOT_SIZE_PX[0]} x {PLOT_SIZE_PX[1]} px)", markup=False)
     return 0
-
-
-def _pcts(p: Any) -> str:
-    return " / ".join("-" if v is None else f"{v:.1f}" for v in (p.p50, p.p90, p.p99))
-
-
-def _human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 async def _chat(settings: Settings, err: Console) -> int:

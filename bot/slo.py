@@ -277,7 +277,8 @@ class SloGuard:
         self._last_tighten = now
         self._apply()
         why = "; ".join(
-            f"{r.lane.value} P99 {_s(r.p99_s)} > {_s(r.target_s)} ({r.samples} answers)" for r in breached
+            f"{r.lane.value} P99 {_s(r.p99_s)} over the {_s(r.target_s)} target ({r.samples} answers)"
+            for r in breached
         )
         limit, cap = self.controller.limit(Lane.BACKGROUND), self.controller.max_tokens_cap(Lane.BACKGROUND)
         change = (
@@ -307,10 +308,10 @@ class SloGuard:
             if r.target_s is not None
         )
         text = (
-            f":warning: *opsbot SLO breach*: {why} over the last {self.settings.window_s:.0f} s. "
+            f":warning: *opsbot SLO breach*: {why} in the last {self.settings.window_s:g} s. "
             f"Background work is being held back: {change}. Further steps every "
-            f"{self.settings.step_interval_s:.0f} s while it lasts (up to {self.max_level}); undone step by "
-            f"step once P99 TTFT stays under {recover} for {self.settings.recover_hold_s:.0f} s."
+            f"{self.settings.step_interval_s:g} s while it lasts (up to {self.max_level}); undone step by "
+            f"step once P99 TTFT stays under {recover} for {self.settings.recover_hold_s:g} s."
         )
         self._outbox.append(text)
         return [self._count("warn", "tighten", why)]
@@ -439,9 +440,9 @@ class SloGuard:
         )
         if snap.level > 0:
             line += (
-                f"; guard step {snap.level}/{snap.max_level}: background <= "
+                f"; guard step {snap.level}/{snap.max_level}: background lane held to "
                 f"{_limit(snap.limits.get(Lane.BACKGROUND.value))} in flight, "
-                f"max_tokens <= {snap.max_tokens_cap}"
+                f"answers of at most {snap.max_tokens_cap} tokens"
             )
         if snap.kv_tight:
             line += "; KV-cache over the watermark: normal and background lanes capped"

@@ -107,9 +107,9 @@ def _redacted_count(where: str, kind: str | None = None) -> float:
     for family in REGISTRY.collect():
         for sample in family.samples:
             labels = sample.labels
-            if sample.name == "opsbot_secrets_redacted_total" and labels.get("where") == where:
-                if kind is None or labels.get("kind") == kind:
-                    total += sample.value
+            named = sample.name == "opsbot_secrets_redacted_total" and labels.get("where") == where
+            if named and (kind is None or labels.get("kind") == kind):
+                total += sample.value
     return total
 
 

@@ -161,3 +161,42 @@ SECRETS_REDACTED = Counter(
     "Secrets replaced before use, by where they were found and what kind of secret they were",
     ["where", "kind"],
 )
+
+
+# -- counting with every outcome present ----------------------------------------------------------
+# rate() only sees an increase in a series Prometheus has scraped before: the first 429 or the first
+# failed request of a label set would never show. So the first use of a label set creates all its
+# outcomes at 0 (Prometheus' advice: initialise the label values you know).
+REQUEST_STATUSES = (
+    "ok",
+    "timeout",
+    "aborted",
+    "overloaded",
+    "engine_dead",
+    "error",
+    "undelivered",
+    "throttled",
+)
+"""Every ``status`` of a request row (``bot.store.RequestRecord.status``)."""
+CHAT_OUTCOMES = ("ok", "ratelimited", "server_error", "connection", "rejected")
+"""Every ``outcome`` of a chat API call attempt."""
+_seen_requests: set[tuple[str, str, str]] = set()
+_seen_calls: set[tuple[str, str]] = set()
+
+
+def count_request(platform: str, scenario: str, lane: str, status: str) -> None:
+    """Count one finished request in ``opsbot_requests_total``."""
+    if (platform, scenario, lane) not in _seen_requests:
+        _seen_requests.add((platform, scenario, lane))
+        for each in REQUEST_STATUSES:
+            REQUESTS.labels(platform, scenario, lane, each)
+    REQUESTS.labels(platform, scenario, lane, status).inc()
+
+
+def count_chat_call(platform: str, method: str, outcome: str) -> None:
+    """Count one chat API call attempt in ``opsbot_chat_api_calls_total``."""
+    if (platform, method) not in _seen_calls:
+        _seen_calls.add((platform, method))
+        for each in CHAT_OUTCOMES:
+            CHAT_API_CALLS.labels(platform, method, each)
+    CHAT_API_CALLS.labels(platform, method, outcome).inc()

@@ -445,7 +445,7 @@ class Pipeline:
         await self.store.record_request(record)
 
     def _observe(self, record: RequestRecord) -> None:
-        metrics.REQUESTS.labels(record.platform, record.scenario, record.lane, record.status).inc()
+        metrics.count_request(record.platform, record.scenario, record.lane, record.status)
         labels = (record.scenario, record.lane, record.platform)
         if record.queue_ms is not None:
             metrics.QUEUE.labels(*labels).observe(record.queue_ms / 1000)

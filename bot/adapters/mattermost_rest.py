@@ -32,7 +32,7 @@ from bot.errors import (
     PlatformUnavailable,
     platform_branch,
 )
-from bot.metrics import CHAT_API_CALLS, CHAT_API_RETRIES
+from bot.metrics import CHAT_API_RETRIES, count_chat_call
 from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 
 logger = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class MattermostRest:
                 client = session or self.session
                 async with client.request(method, target, json=json, params=params) as resp:
                     raw = await resp.read()
-                    CHAT_API_CALLS.labels(PLATFORM, label, _call_outcome(resp.status)).inc()
+                    count_chat_call(PLATFORM, label, _call_outcome(resp.status))
                     if resp.status < 400:
                         if not raw or resp.content_type != "application/json":
                             return None
@@ -224,7 +224,7 @@ class MattermostRest:
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 error = mattermost_error(method, path, None, f"{type(exc).__name__}: {exc}")
                 reason = "connection"
-                CHAT_API_CALLS.labels(PLATFORM, label, reason).inc()
+                count_chat_call(PLATFORM, label, reason)
             try:
                 if reason == "429":
                     delay = budget.after_rate_limit(wait, error.message)

@@ -57,7 +57,7 @@ from bot.errors import (
     platform_branch,
 )
 from bot.logs import request_scope
-from bot.metrics import CHAT_API_CALLS, CHAT_API_RETRIES, REPLIES_FAILED
+from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
 from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 from bot.types import FinalAnswer, IncomingMessage, MessageKind
 
@@ -275,7 +275,7 @@ class SlackAdapter(ChatAdapter):
             wait: float | None = None
             try:
                 resp = await self.client.api_call(method, json=dict(params), headers=headers)
-                CHAT_API_CALLS.labels(PLATFORM, method, "ok").inc()
+                count_chat_call(PLATFORM, method, "ok")
                 return dict(resp.data) if isinstance(resp.data, dict) else {}
             except SlackApiError as exc:
                 http_status = exc.response.status_code
@@ -283,16 +283,16 @@ class SlackAdapter(ChatAdapter):
                 error = str(data.get("error", "")) if isinstance(data, dict) else ""
                 detail = error or f"HTTP {http_status}"
                 if http_status != 429 and http_status < 500:
-                    CHAT_API_CALLS.labels(PLATFORM, method, "rejected").inc()
+                    count_chat_call(PLATFORM, method, "rejected")
                     raise slack_error(method, detail, http_status=http_status) from exc
                 reason = "ratelimited" if http_status == 429 else "server_error"
-                CHAT_API_CALLS.labels(PLATFORM, method, reason).inc()
+                count_chat_call(PLATFORM, method, reason)
                 if http_status == 429:
                     wait = retry_after_from_headers(exc.response.headers)
                 failure: Exception = exc
             except (aiohttp.ClientError, TimeoutError) as exc:
                 reason, detail, failure = "connection", type(exc).__name__, exc
-                CHAT_API_CALLS.labels(PLATFORM, method, reason).inc()
+                count_chat_call(PLATFORM, method, reason)
             try:
                 if reason == "ratelimited":
                     delay = budget.after_rate_limit(wait, detail)

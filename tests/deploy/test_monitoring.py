@@ -99,13 +99,19 @@ def test_promtool_unit_tests_of_every_alert_pass() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tested = set(re.findall(r"alertname: (\w+)", (MONITORING / "opsbot-alerts.test.yml").read_text()))
-    rules = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
-    assert tested == rules == {
-        "OpsbotTTFTP99High",
-        "OpsbotEngineNotReady",
-        "OpsbotStoreRowsDropped",
-        "OpsbotPlatformCallsFailing",
+    rules = {
+        r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r
     }
+    assert (
+        tested
+        == rules
+        == {
+            "OpsbotTTFTP99High",
+            "OpsbotEngineNotReady",
+            "OpsbotStoreRowsDropped",
+            "OpsbotPlatformCallsFailing",
+        }
+    )
 
 
 def test_every_metric_the_dashboard_the_rules_and_the_autoscaler_name_is_one_opsbot_exports() -> None:
@@ -113,14 +119,20 @@ def test_every_metric_the_dashboard_the_rules_and_the_autoscaler_name_is_one_ops
     for path in (DASHBOARD, RULES, SCALER):
         named = set(re.findall(r"\bopsbot_[a-z0-9_]+", path.read_text()))
         assert named, path
-        assert named <= exported, f"{path.name} names metrics opsbot does not export: {sorted(named - exported)}"
+        assert named <= exported, (
+            f"{path.name} names metrics opsbot does not export: {sorted(named - exported)}"
+        )
 
 
 def test_the_dashboard_is_grafana_json_with_a_datasource_variable_unique_ids_and_panels_in_the_grid() -> None:
     board = json.loads(DASHBOARD.read_text())
     assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
     (variable,) = board["templating"]["list"]
-    assert (variable["name"], variable["type"], variable["query"]) == ("datasource", "datasource", "prometheus")
+    assert (variable["name"], variable["type"], variable["query"]) == (
+        "datasource",
+        "datasource",
+        "prometheus",
+    )
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     titles = " | ".join(p["title"] for p in board["panels"])
@@ -199,7 +211,9 @@ async def slack() -> AsyncIterator[FakeSlack]:
 
 
 @pytest.fixture
-async def stack(slack: FakeSlack, tiny_model: Path, tmp_path: Path) -> AsyncIterator[tuple[OpsBot, Prometheus]]:
+async def stack(
+    slack: FakeSlack, tiny_model: Path, tmp_path: Path
+) -> AsyncIterator[tuple[OpsBot, Prometheus]]:
     """opsbot (Slack, HTTP, the Prometheus context provider, the SLO guard) and a Prometheus that
     scrapes it every second and evaluates the deploy rules plus a copy whose ``for`` is 0 s."""
     prometheus_bin = binary("prometheus")
@@ -281,7 +295,9 @@ async def test_a_real_prometheus_scraping_opsbot_finds_every_dashboard_series_an
         done = len(answers(slack))
         mention = slack.user_message("C1", "U1", f"<@{slack.bot_user_id}> why is checkout returning 502?")
         await slack.deliver_event(slack.mention_events(mention)[0])
-        await slack.deliver("slash_commands", slack.slash_command("C2", "U7", f"payments-api 5xx spike #{round_}"))
+        await slack.deliver(
+            "slash_commands", slack.slash_command("C2", "U7", f"payments-api 5xx spike #{round_}")
+        )
         review = slack.user_message("C3", "U2", f"<@{slack.bot_user_id}> review the rollout of api v{round_}")
         await slack.deliver_event(slack.mention_events(review)[0])
         await slack.wait_for(lambda: len(answers(slack)) == done + 3, timeout_s=90)
@@ -309,10 +325,16 @@ async def test_a_real_prometheus_scraping_opsbot_finds_every_dashboard_series_an
     try:
         await eventually(dashboard_complete, 30, "a finite series for every dashboard query")
     except AssertionError:
-        missing = [f"{title}: {expr}" for title, expr in dashboard_targets() if not await finite_series(prom, expr)]
-        raise AssertionError("dashboard queries without a series:\n" + "\n".join(missing) + prom.logs()) from None
+        missing = [
+            f"{title}: {expr}" for title, expr in dashboard_targets() if not await finite_series(prom, expr)
+        ]
+        raise AssertionError(
+            "dashboard queries without a series:\n" + "\n".join(missing) + prom.logs()
+        ) from None
 
-    lanes = {r["metric"]["lane"] for r in await prom.query(dict(dashboard_targets())["Queue wait P99 by lane"])}
+    lanes = {
+        r["metric"]["lane"] for r in await prom.query(dict(dashboard_targets())["Queue wait P99 by lane"])
+    }
     assert lanes >= {"urgent", "normal", "background"}
     ratelimited = await prom.query(dict(dashboard_targets())["Platform 429s"])
     assert [float(r["value"][1]) > 0 for r in ratelimited if r["metric"].get("platform") == "slack"] == [True]
@@ -341,7 +363,9 @@ async def test_a_real_prometheus_scraping_opsbot_finds_every_dashboard_series_an
         )
 
     # 6 of the Slack calls answered 5xx: over 5 % of them failed.
-    await eventually(lambda: firing("OpsbotPlatformCallsFailing", platform="slack"), 30, "OpsbotPlatformCallsFailing")
+    await eventually(
+        lambda: firing("OpsbotPlatformCallsFailing", platform="slack"), 30, "OpsbotPlatformCallsFailing"
+    )
     assert not await firing("OpsbotEngineNotReady")
     assert bot.engine is not None
     await bot.engine.shutdown(1.0)

@@ -140,18 +140,41 @@ class PromptBuilder:
         tag = secrets.token_hex(4)
         left_out: list[str] = []
         sections: list[ContextSection] = []
-        if context is not None and context.sections:
-            sections, cut = fit_to_budget(context, self.tokenizer, self.context_budget)
-            left_out.extend(cut)
         turns = self._trim_history(history)
         if len(turns) < len(history):
             left_out.append(f"{len(history) - len(turns)} older thread messages")
+        room = self.max_model_len - max_tokens
+        if context is not None and context.sections:
+            # The share is an upper bound; what the system prompt, the thread and the question
+            # leave of the window is the real one (a long system prompt in a small window).
+            bare = self.tokenizer.render(
+                [
+                    *self.system_messages(),
+                    *turns,
+                    ChatMessage("user", self._user_turn(scenario, question, asker, [], context, tag)),
+                ]
+            )
+            budget = min(self.context_budget, room - len(bare))
+            for _ in range(3):
+                sections, cut = fit_to_budget(context, self.tokenizer, max(0, budget))
+                user_turn = self._user_turn(scenario, question, asker, sections, context, tag)
+                over = (
+                    len(
+                        self.tokenizer.render(
+                            [*self.system_messages(), *turns, ChatMessage("user", user_turn)]
+                        )
+                    )
+                    - room
+                )
+                if over <= 0 or not sections:
+                    break
+                budget -= over + 16  # fences and titles cost tokens the budget did not count
+            left_out.extend(cut)
 
         user_turn = self._user_turn(scenario, question, asker, sections, context, tag)
         messages = [*self.system_messages(), *turns, ChatMessage("user", user_turn)]
         token_ids = self.tokenizer.render(messages)
         # The question itself can be huge (a pasted log): shrink it until the answer fits too.
-        room = self.max_model_len - max_tokens
         while len(token_ids) > room and len(question) > 200:
             question = question[: len(question) // 2] + "\n[... message truncated to fit the context window]"
             user_turn = self._user_turn(scenario, question, asker, sections, context, tag)

@@ -106,3 +106,22 @@ def test_system_prompt_file_wins_over_text(tmp_path: Path) -> None:
     assert load_system_prompt("text prompt", path) == "file prompt"
     assert load_system_prompt("text prompt", None) == "text prompt"
     assert load_system_prompt(None, None) == DEFAULT_SYSTEM_PROMPT
+
+
+def test_context_is_cut_to_what_the_system_prompt_leaves_of_a_small_window(
+    tokenizer: HFChatTokenizer,
+) -> None:
+    # 1024 tokens, a ~500-token system prompt: 45 % of the window for context would overflow it.
+    b = builder(tokenizer, max_model_len=1024)
+    logs = "\n".join(
+        f"2026-12-01T10:{i:02d}:00Z api-7f9c error connection refused to db:5432" for i in range(60)
+    )
+    plan = b.build(
+        scenario="root_cause",
+        question="why is api down?",
+        asker="alice",
+        context=bundle("pod api-1 CrashLoopBackOff restarts=12", logs, logs),
+        max_tokens=128,
+    )
+    assert plan.prompt_tokens <= 1024 - 128
+    assert plan.sections and plan.left_out  # some context kept, the rest named as left out

@@ -535,6 +535,50 @@ async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespa
     return runs
 
 
+async def bench_split(args: argparse.Namespace, models: dict[str, Path], wl: Workload) -> dict[str, Any]:
+    """One engine per scenario (the source's advice) against one engine with lanes, same GPU, same
+    workload: long root-cause answers stream while short alert summaries arrive.
+
+    ``two_engines``: an alert-summary engine (``--split-summary``, e.g. awq) at
+    ``--split-summary-mem`` of the GPU and a root-cause engine (``--split-rca``, e.g. bf16) at
+    ``--split-rca-mem``, both in this process; urgent requests go only to the first, the rest only
+    to the second. ``one_engine``: ``--split-rca`` alone at the sum of both shares, opsbot's lanes
+    carrying both.
+    """
+    out: dict[str, Any] = {}
+    total = args.split_summary_mem + args.split_rca_mem
+    one_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
+        update={"gpu_memory_utilization": total}
+    )
+    async with OpsbotEngine(one_cfg, wl) as eng:
+        client = eng.client()
+        out["one_engine"] = [await urgent_under_load(client, wl) for _ in range(args.episodes)]
+        out["one_engine_facts"] = eng.facts()
+    summary_cfg = engine_config(args, args.split_summary, models, warmup="incident").model_copy(
+        update={"gpu_memory_utilization": args.split_summary_mem}
+    )
+    rca_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
+        update={"gpu_memory_utilization": args.split_rca_mem}
+    )
+    async with OpsbotEngine(rca_cfg, wl) as rca, OpsbotEngine(summary_cfg, wl) as summary:
+        split = SplitClient(summary.client(), rca.client())
+        out["two_engines"] = [await urgent_under_load(split, wl) for _ in range(args.episodes)]
+        out["two_engines_facts"] = {"summary": summary.facts(), "rca": rca.facts()}
+    return out
+
+
+class SplitClient(Client):
+    """Urgent (alert-summary) requests to one engine, everything else to the other."""
+
+    name = "split"
+
+    def __init__(self, urgent: Client, other: Client) -> None:
+        self.urgent, self.other = urgent, other
+
+    async def one(self, ids: list[int], max_tokens: int, lane: Lane) -> dict[str, Any]:
+        return await (self.urgent if lane is Lane.URGENT else self.other).one(ids, max_tokens, lane)
+
+
 # --- report --------------------------------------------------------------------------------------
 
 
@@ -612,6 +656,22 @@ def table(report: dict[str, Any]) -> str:
                 f"{p['urgent_ttft_p99']} / {p['urgent_ttft_max']} | {p['background_n']} | "
                 f"{p['background_ttft_p99']} | {p['background_tok_s']} | {p.get('preemptions')} |"
             )
+    if report.get("split"):
+        split = report["split"]
+        lines += [
+            "",
+            "One engine per scenario vs one engine with lanes (urgent = alert summaries, background = "
+            "root-cause answers):",
+            "",
+            "| setup | episode | urgent TTFT p50 / p99 ms | background TTFT p99 ms | total tok/s |",
+            "|---|---|---|---|---|",
+        ]
+        for setup in ("one_engine", "two_engines"):
+            for k, e in enumerate(split.get(setup, []), start=1):
+                lines.append(
+                    f"| {setup.replace('_', ' ')} | {k} | {e['urgent_ttft_p50']} / {e['urgent_ttft_p99']} | "
+                    f"{e['background_ttft_p99']} | {e['total_tok_s']} |"
+                )
     lines += ["", "Comparisons (first episode with first, steady with steady):", "", "```json"]
     lines.append(json.dumps(report.get("compare", {}), indent=2))
     lines.append("```")
@@ -698,6 +758,13 @@ async def main_async(args: argparse.Namespace) -> int:
         run.update({"config": name, "warmup": warmup})
         report["runs"].append(run)
         save()
+    if args.split:
+        try:
+            report["split"] = await bench_split(args, models, wl)
+        except Exception as exc:
+            logger.exception("split failed")
+            report["split_error"] = f"{type(exc).__name__}: {exc}"
+        save()
     if args.pressure:
         cfg = engine_config(args, args.pressure, models, warmup="incident", blocks=args.pressure_blocks)
         try:
@@ -737,6 +804,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--model-dir", help="folder for the test model folders (default: .pytest_cache/opsbot-models)"
     )
+    p.add_argument("--split", action="store_true", help="one engine per scenario vs one engine with lanes")
+    p.add_argument("--split-summary", default="awq", help="the alert-summary engine's configuration")
+    p.add_argument("--split-rca", default="bf16", help="the root-cause engine's configuration")
+    p.add_argument("--split-summary-mem", type=float, default=0.3, help="GPU memory share, summary engine")
+    p.add_argument("--split-rca-mem", type=float, default=0.55, help="GPU memory share, root-cause engine")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--burst-repeats", type=int, default=1, help="run each burst N times with fresh prompts")
     p.add_argument(

@@ -708,8 +708,13 @@ def model_folders(args: argparse.Namespace) -> dict[str, Path]:
 
     base = Path(args.model_dir) if args.model_dir else ROOT / ".pytest_cache" / "opsbot-models"
     folders = {"8b": build_test_model(base / f"8b-v{TEST_MODEL_VERSION}", "8b")}
+    wanted = [
+        *args.configs.split(","),
+        args.pressure,
+        *((args.split_summary, args.split_rca) if args.split else ()),
+    ]
     for quant in ("awq", "gptq"):
-        if any(c.partition("+")[0] == quant for c in args.configs.split(",")):
+        if any(c.partition("+")[0] == quant for c in wanted if c):
             folders[quant] = build_test_model(base / f"8b-{quant}-v{TEST_MODEL_VERSION}", "8b", quant=quant)  # type: ignore[arg-type]
     return folders
 

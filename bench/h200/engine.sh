@@ -14,10 +14,8 @@ step=${1:?usage: engine.sh episodes|pressure|split|matrix}
 shift
 case "$step" in
   episodes) args=(--configs bf16 --layers opsbot,raw --warmups system,incident --episodes 4) ;;
-  pressure) args=(--configs bf16 --layers opsbot --warmups incident --episodes 0 --workloads none
-                  --pressure bf16 --pressure-seconds 15) ;;
-  split)    args=(--configs bf16 --layers opsbot --warmups incident --episodes 0 --workloads none
-                  --split --episodes 3) ;;
+  pressure) args=(--configs "" --pressure bf16 --pressure-seconds 15) ;;
+  split)    args=(--configs "" --split --episodes 3) ;;
   matrix)   args=(--configs fp8,awq,gptq,bf16+kvfp8,awq+kvfp8 --layers opsbot --warmups incident
                   --episodes 2) ;;
   *) echo "unknown step $step" >&2; exit 2 ;;

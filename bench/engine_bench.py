@@ -118,7 +118,7 @@ class Workload:
     background: list[list[int]]
     urgent: list[list[int]]
     pressure_background: list[list[int]] = field(default_factory=list)
-    """2k-token contexts (system prompt + ~2000 unique tokens) for the pressure workload."""
+    """~2k-token prompts (the system prompt + ~600 unique tokens) for the pressure workload."""
     vocab_size: int = 32000
     system: str = field(repr=False, default="")
     repeats: int = 1
@@ -146,7 +146,7 @@ def build_workload(tokenizer: Any, seed: int = 0, repeats: int = 1) -> Workload:
         bursts={n: [ids(text(250)) for _ in range(n)] for n in BURSTS},
         background=[ids(text(250)) for _ in range(56)],
         urgent=[ids(text(100)) for _ in range(8)],
-        pressure_background=[ids(text(1500)) for _ in range(64)],
+        pressure_background=[ids(text(420)) for _ in range(64)],
         vocab_size=len(tokenizer.hf),
         system=system,
         repeats=repeats,

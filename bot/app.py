@@ -20,6 +20,7 @@ from aiohttp import web
 
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
+from bot.analyze.service import AnalyzeService
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine, pick_backend, resolve_model
@@ -55,6 +56,7 @@ class OpsBot:
         self.http_runner: web.AppRunner | None = None
         self.http_port: int | None = None
         self.alert_receiver: AlertmanagerReceiver | None = None
+        self.analyze: AnalyzeService | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -102,6 +104,12 @@ class OpsBot:
         self.alert_receiver = self._alert_receiver(adapters)
         if self.alert_receiver is not None:
             routes.extend(self.alert_receiver.http_routes())
+        if self.settings.analyze.enabled:
+            by_platform = {a.platform: a for a in adapters}
+            self.analyze = AnalyzeService(
+                self.settings, pipeline, self.store, by_platform, model=pipeline.model_name
+            )
+            routes.extend(self.analyze.http_routes())
         if self.settings.http.enabled:
             app = build_http_app(engine=self.engine, store=self.store, routes=routes)
             self.http_runner, self.http_port = await start_http(
@@ -144,6 +152,8 @@ class OpsBot:
         await self._each_adapter("stop")
         if self.alert_receiver is not None:
             self.alert_receiver.stop()
+        if self.analyze is not None:
+            self.analyze.stop()  # batch analyses stop at once; what they finished is kept
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
         await self._each_adapter("close")

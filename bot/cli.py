@@ -1,4 +1,4 @@
-"""The ``opsbot`` command: run, chat, stats, db, make-test-model, config show, version.
+"""The ``opsbot`` command: run, chat, stats, db, make-test-model, config show, analyze, version.
 
 Every expected failure (bad configuration, unreachable database, missing model, unknown flag)
 ends with one line on stderr and a non-zero exit code, never a traceback; ``--debug`` shows it.
@@ -22,6 +22,7 @@ from rich.console import Console
 
 from bot import __version__
 from bot.config import ConfigError, Settings, load_settings
+from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
 
 logger = logging.getLogger("opsbot")
 
@@ -30,6 +31,7 @@ EXIT_FAILURE = 1
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+BATCH_SCENARIOS = [ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, TIMELINE]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -136,8 +138,38 @@ def build_parser() -> OneLineParser:
     config_sub.required = True
     show = config_sub.add_parser("show", help="print the effective configuration, secrets masked")
     show.add_argument("--json", action="store_true", help="JSON instead of TOML-like text")
+    analyze = sub.add_parser(
+        "analyze", help="batch analysis of alerts, Kubernetes events or logs: grouped summaries and a report"
+    )
+    analyze.add_argument(
+        "input",
+        type=Path,
+        help="Alertmanager JSON, JSONL of alerts or Kubernetes events, or a folder of logs",
+    )
+    analyze.add_argument("--scenario", choices=BATCH_SCENARIOS, default=BATCH_SCENARIOS[0])
+    analyze.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="output folder; running again with it resumes (skips done items)",
+    )
+    analyze.add_argument("--since", type=_when, help="ISO 8601 time or a duration back from now (8h)")
+    analyze.add_argument("--until", type=_when, help="ISO 8601 time or a duration back from now")
+    analyze.add_argument("--post", metavar="PLATFORM:CHANNEL", help="post the summary there, in a thread")
+    analyze.add_argument("--format", choices=["auto", "json", "jsonl", "logs"], default="auto")
+    analyze.add_argument("--max-tokens", type=int, help="answer tokens per group (default: the scenario's)")
+    analyze.add_argument("--max-groups", type=int, help="groups summarised, largest first (default 200)")
     sub.add_parser("version", help="print the version")
     return parser
+
+
+def _when(text: str) -> datetime:
+    from bot.analyze.readers import parse_when
+
+    try:
+        return parse_when(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,6 +226,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
 
             return supervise([sys.executable, "-m", "bot.cli", *args.argv])
         return asyncio.run(_run(settings, err))
+    if args.command == "analyze":
+        from bot.analyze.command import run_analyze
+
+        return asyncio.run(run_analyze(settings, args, out=out, err=err))
     raise AssertionError(args.command)  # argparse only lets known commands through
 
 

@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from bot.analyze.grouping import INSTANCE_LABELS
 from bot.errors import OpsbotError
 from inference.config import AdmissionConfig, ConfigSection, EngineConfig
 from inference.engine import Lane
@@ -426,6 +427,33 @@ class SloSettings(ConfigSection):
         return self
 
 
+class AnalyzeSettings(ConfigSection):
+    """Batch analysis (``opsbot analyze``, and ``POST /analyze`` in a running bot)."""
+
+    enabled: bool = False
+    """Serve ``POST /analyze`` in ``opsbot run``: batch analyses inside the running bot, in the
+    background lane (never ahead of urgent or normal answers)."""
+    bearer_token: SecretStr | None = None
+    """Bearer token ``POST /analyze`` and ``GET /analyze/...`` require (unset: none)."""
+    out_dir: Path | None = None
+    """Folder in-bot analyses write to, one sub-folder per job (unset: ``analyze`` in ``data_dir``)."""
+    max_in_flight: int = Field(64, ge=1)
+    """In the bot: batch items handed to the background lane at once (a little above the lane's
+    ``admission.max_in_flight`` keeps it busy without filling its queue)."""
+    offline_max_num_seqs: int = Field(256, ge=1)
+    """Standalone on vLLM: requests the offline engine decodes together (static batching; vLLM runs
+    fewer at once where the KV cache holds fewer)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Answer tokens per group (unset: the scenario's ``max_tokens``)."""
+    max_groups: int = Field(200, ge=1)
+    """Groups summarised per analysis, largest first; the rest are listed in the report unsummarised."""
+    max_group_lines: int = Field(40, ge=1)
+    """Records listed in one group's prompt (spread over its time span; the token budget may cut more)."""
+    instance_labels: list[str] = Field(default_factory=lambda: sorted(INSTANCE_LABELS))
+    """Labels naming which one of many alike things fired (pod, instance, node ...): alerts that differ
+    only in these are one group."""
+
+
 class Settings(BaseSettings):
     """Every setting of opsbot."""
 
@@ -469,6 +497,8 @@ class Settings(BaseSettings):
     """Context gathering."""
     slo: SloSettings = Field(default_factory=SloSettings)
     """SLO guard."""
+    analyze: AnalyzeSettings = Field(default_factory=AnalyzeSettings)
+    """Batch analysis."""
 
     @classmethod
     def settings_customise_sources(

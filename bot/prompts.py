@@ -25,7 +25,7 @@ from bot.context.base import ContextBundle, ContextSection
 from bot.context.budget import fit_to_budget
 from bot.store import ThreadMessage
 from inference.engine import ChatMessage, ChatTokenizer
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE
+from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, TIMELINE
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are opsbot, an incident assistant for site reliability engineers, answering in a chat thread \
@@ -65,6 +65,11 @@ SCENARIO_TASKS: dict[str, str] = {
         "a link to the current problem; say whether a rollback looks warranted and why."
     ),
     CHAT: "Task: answer the engineer's message below, using the data where it helps.",
+    TIMELINE: (
+        "Task: write the timeline of the events in the data, oldest first, one line each: the UTC "
+        "time, what happened and where (quoting names and counts exactly), then one line on what the "
+        "sequence suggests."
+    ),
 }
 
 _FENCE_OPEN = "<<<"

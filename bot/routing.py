@@ -7,7 +7,8 @@ question is a root-cause question even when it names a deploy ("why is checkout-
 
 The lane comes from one table, kind × scenario (:data:`LANES`), which ``/rca help`` and the README
 show (:func:`lane_table_markdown`): someone waiting on an incident (``/rca``, an alert) is urgent,
-a mention or DM is normal, a thread follow-up may wait behind both.
+a mention or DM is normal, a thread follow-up may wait behind both, and a batch analysis runs in
+the background lane too, never ahead of anyone waiting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 
 from bot.types import IncomingMessage, MessageKind
 from inference.engine import Lane
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE
+from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, TIMELINE
 
 _REVIEW_REQUEST = re.compile(
     r"^\s*(?:please\s+|pls\s+|can you\s+|could you\s+)?review\b"
@@ -73,21 +74,33 @@ _BY_KIND: dict[MessageKind, Lane] = {
     MessageKind.MENTION: Lane.NORMAL,
     MessageKind.DIRECT: Lane.NORMAL,
     MessageKind.FOLLOWUP: Lane.BACKGROUND,
+    MessageKind.BATCH: Lane.BACKGROUND,
 }
 
 LANES: dict[MessageKind, dict[str, Lane]] = {
-    kind: dict.fromkeys((ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT), lane)
+    kind: dict.fromkeys((ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, TIMELINE, CHAT), lane)
     for kind, lane in _BY_KIND.items()
 }
 """Lane per (message kind, scenario). Today the kind decides (who is waiting, and how urgently);
 the table keeps the scenario axis so a scenario that needs its own lane gets it in one place."""
 
 
+BATCH_SCENARIO = "batch"
+"""The scenario request rows of batch-analysis items are filed under (``opsbot stats`` shows them
+apart); each item is sampled with its analysis scenario's preset and admitted by :data:`LANES`'
+batch row."""
+
+
 def pick_lane(message: IncomingMessage, scenario: str | None = None) -> Lane:
     """The lane of ``message`` answered as ``scenario`` (default: :func:`pick_scenario`'s), from
     :data:`LANES`; a scenario the table does not list goes by the message's kind."""
-    scenario = scenario or pick_scenario(message)
-    return LANES[message.kind].get(scenario, _BY_KIND[message.kind])
+    return lane_for(message.kind, scenario or pick_scenario(message))
+
+
+def lane_for(kind: MessageKind, scenario: str) -> Lane:
+    """The lane of work of ``kind`` answered as ``scenario``, from :data:`LANES` (a scenario the table
+    does not list goes by the kind)."""
+    return LANES[kind].get(scenario, _BY_KIND[kind])
 
 
 def lane_table_markdown() -> str:
@@ -103,6 +116,7 @@ def lane_table_markdown() -> str:
         MessageKind.MENTION: "@-mention",
         MessageKind.DIRECT: "direct message",
         MessageKind.FOLLOWUP: "thread follow-up",
+        MessageKind.BATCH: "batch analysis (`opsbot analyze`, `POST /analyze`)",
     }
     for kind, lanes in LANES.items():
         rows.append(f"| {names[kind]} | " + " | ".join(lanes[s].value for s in scenarios) + " |")

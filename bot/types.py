@@ -22,6 +22,8 @@ class MessageKind(enum.StrEnum):
     """Human reply in a thread opsbot already answered, without a mention."""
     ALERT = "alert"
     """An Alertmanager notification."""
+    BATCH = "batch"
+    """One item of a batch analysis (``opsbot analyze``, ``POST /analyze``): nobody waits on it."""
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ ALERT_SUMMARY = "alert_summary"
 ROOT_CAUSE = "root_cause"
 CHANGE_REVIEW = "change_review"
 CHAT = "chat"
+TIMELINE = "timeline"
 
 DEFAULT_PRESETS: dict[str, SamplingSettings] = {
     ALERT_SUMMARY: SamplingSettings(temperature=0.1, top_p=0.9, max_tokens=128, repetition_penalty=1.05),
@@ -23,6 +24,8 @@ DEFAULT_PRESETS: dict[str, SamplingSettings] = {
     CHANGE_REVIEW: SamplingSettings(temperature=0.2, top_p=0.9, max_tokens=256, repetition_penalty=1.05),
     # Follow-ups and plain questions: conversational, a little more room than a summary.
     CHAT: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=384, repetition_penalty=1.05),
+    # Incident timelines (batch analysis): factual, chronological, one line per event.
+    TIMELINE: SamplingSettings(temperature=0.1, top_p=0.9, max_tokens=384, repetition_penalty=1.05),
 }
 
 

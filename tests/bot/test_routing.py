@@ -54,12 +54,14 @@ def test_kind_and_forced_scenarios_come_first() -> None:
 
 def test_the_lane_table_covers_every_kind_and_scenario_and_is_what_help_shows() -> None:
     for kind in MessageKind:
-        assert set(LANES[kind]) == {"alert_summary", "root_cause", "change_review", "chat"}
+        assert set(LANES[kind]) == {"alert_summary", "root_cause", "change_review", "timeline", "chat"}
     assert pick_lane(msg("why?", MessageKind.COMMAND)) is Lane.URGENT
     assert pick_lane(msg("why?", MessageKind.ALERT)) is Lane.URGENT
     assert pick_lane(msg("why?", MessageKind.MENTION)) is Lane.NORMAL
     assert pick_lane(msg("why?", MessageKind.DIRECT)) is Lane.NORMAL
     assert pick_lane(msg("why?", MessageKind.FOLLOWUP)) is Lane.BACKGROUND
+    assert all(lane is Lane.BACKGROUND for lane in LANES[MessageKind.BATCH].values())
     table = lane_table_markdown()
     assert "| `/rca` command | urgent | urgent | urgent | urgent |" in table
     assert "| thread follow-up | background |" in table
+    assert "| batch analysis (`opsbot analyze`, `POST /analyze`) | background |" in table

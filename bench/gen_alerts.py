@@ -183,6 +183,47 @@ SOURCES: tuple[Source, ...] = (
         (2, 8),
     ),
     Source(
+        "KubeHpaMaxedOut",
+        "warning",
+        "checkout",
+        "hpa:checkout-api",
+        2,
+        (0.35, 0.6),
+        "HPA {namespace}/{service} has been running at max replicas for longer than 15 minutes.",
+        (15, 45),
+    ),
+    Source(
+        "KubeContainerOOMKilled",
+        "warning",
+        "data",
+        "deploy:orders-worker",
+        4,
+        (0.5, 0.95),
+        "Container worker in pod {namespace}/{pod} has been OOMKilled {value} times in the last 10 minutes.",
+        (5, 15),
+        (("container", "worker"),),
+    ),
+    Source(
+        "ProbeFailed",
+        "critical",
+        "monitoring",
+        "probe:blackbox",
+        3,
+        (0.34, 0.5),
+        "Probe of {instance} failed: HTTP {value}.",
+        (2, 10),
+    ),
+    Source(
+        "SLOErrorBudgetBurn",
+        "critical",
+        "payments",
+        "slo:payments-api",
+        3,
+        (0.35, 0.6),
+        "payments-api is burning its 30-day error budget {value}x too fast ({window} window).",
+        (10, 40),
+    ),
+    Source(
         "Watchdog",
         "none",
         "monitoring",
@@ -242,7 +283,14 @@ def _labels(source: Source, cluster: Cluster, when: float, rng: random.Random) -
     labels = {"alertname": source.alertname, "severity": source.severity, "namespace": source.namespace}
     labels.update(dict(source.extra))
     kind, _, name = source.target.partition(":")
-    if kind == "node":
+    if kind == "probe":
+        target = rng.choice(("https://pay.example.com/healthz", "https://api.example.com/v1/status"))
+        labels.update({"instance": target, "job": name})
+    elif kind == "slo":
+        labels.update({"service": name, "slo": "availability", "long_window": rng.choice(("1h", "6h"))})
+    elif kind == "hpa":
+        labels.update({"horizontalpodautoscaler": name, "service": name, "job": "kube-state-metrics"})
+    elif kind == "node":
         node = rng.choice(cluster.nodes[:3] if source.alertname != "KubeNodeNotReady" else cluster.nodes[:1])
         labels.update({"node": node, "instance": f"{node}:9100"})
         labels.setdefault("job", "node-exporter")
@@ -312,8 +360,12 @@ def generate_alerts(n: int = 1000, seed: int = 0, start: datetime = SHIFT_START)
             "KafkaConsumerGroupLag": str(rng.randrange(12_000, 480_000)),
             "PostgresReplicationLag": str(rng.randrange(31, 420)),
             "TargetDown": str(rng.choice((33, 50, 66))),
+            "KubeContainerOOMKilled": str(rng.randrange(1, 6)),
+            "ProbeFailed": str(rng.choice((502, 503, 504))),
+            "SLOErrorBudgetBurn": f"{rng.uniform(2, 15):.1f}",
         }.get(source.alertname, "")
-        summary = source.summary.format(value=value, **{"service": labels.get("service", "")} | labels)
+        fields = {"service": "", "window": labels.get("long_window", "")} | labels
+        summary = source.summary.format(value=value, **fields)
         resolved = end <= start + SHIFT
         alerts.append(
             {
@@ -379,7 +431,7 @@ def _webhook_alert(alert: dict[str, Any]) -> dict[str, Any]:
         "annotations": alert["annotations"],
         "startsAt": alert["startsAt"],
         "endsAt": "0001-01-01T00:00:00Z",
-        "generatorURL": alert["generatorURL"],
+        "generatorURL": alert.get("generatorURL", ""),
         "fingerprint": alert["fingerprint"],
     }
 

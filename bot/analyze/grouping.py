@@ -62,7 +62,7 @@ _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 _IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b|\[[0-9a-f:]+\](?::\d+)?")
 _HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{12,}\b", re.I)
 _TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?")
-_NAME_TOKEN = re.compile(r"\b[a-z0-9]+(?:[-.][a-z0-9]+)+\b")
+_NAME_TOKEN = re.compile(r"(?<![A-Za-z0-9.-])[a-z0-9]+(?:[-.][a-z0-9]+)+(?![A-Za-z0-9-])")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[a-zA-Z%]{0,3})?\b")
 _TEMPLATE_CHARS = 200
 

@@ -403,9 +403,8 @@ def _collect(value: Any, name: str, line: int, records: list[Record], bad: list[
 
 
 def _is_alert(value: Mapping[str, Any]) -> bool:
-    return isinstance(value.get("labels"), Mapping) and (
-        "startsAt" in value or "alertname" in value["labels"]
-    )
+    # An alert group of /api/v2/alerts/groups has labels too, and its alerts beside them.
+    return isinstance(value.get("labels"), Mapping) and not isinstance(value.get("alerts"), list)
 
 
 def _is_event(value: Mapping[str, Any]) -> bool:
@@ -565,7 +564,10 @@ _LEVEL_WORD = re.compile(
     r"CRIT(?:ICAL)?|FATAL|PANIC)\b\"?[\]:|)]?\s*",
     re.IGNORECASE,
 )
-_CONTINUATION = re.compile(r"^(?:\s+\S|at\s|Caused by|Traceback|\.\.\. \d+ more|During handling)")
+_CONTINUATION = re.compile(
+    r"^(?:\s+\S|at\s|Caused by|Traceback|\.\.\. \d+ more|During handling|"
+    r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)(?::|$))"
+)
 _FILE_DATE = re.compile(r"[-_.]\d{4}-?\d{2}-?\d{2}(?:[-_T]?\d{2,6})?$|[-_.]\d+$")
 
 

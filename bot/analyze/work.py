@@ -27,7 +27,7 @@ from bot.analyze.grouping import severity, template
 from bot.analyze.records import Group, Record
 from bot.context.base import ContextBundle, ContextSection
 from bot.context.budget import section_tokens
-from bot.prompts import PromptBuilder
+from bot.prompts import PromptBuilder, PromptPlan
 from bot.redact import redact
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
 
@@ -196,16 +196,42 @@ def _bundle(group: Group, index: int, total: int, max_lines: int) -> ContextBund
 
 
 def _fitting_bundle(
-    group: Group, index: int, total: int, max_lines: int, builder: PromptBuilder
+    group: Group, index: int, total: int, max_lines: int, builder: PromptBuilder, budget: int
 ) -> ContextBundle:
-    """The group's data with as many records listed as fit the context budget: fewer records spread
+    """The group's data with as many records listed as fit ``budget`` tokens: fewer records spread
     over the whole span tell more than the budget cutting the newest ones off the end."""
     lines = max_lines
     while True:
         bundle = _bundle(group, index, total, lines)
-        if lines <= 3 or section_tokens(bundle.sections[0], builder.tokenizer) <= builder.context_budget:
+        if lines <= 3 or section_tokens(bundle.sections[0], builder.tokenizer) <= budget:
             return bundle
         lines = max(3, int(lines * 0.6))
+
+
+def _fitting_prompt(
+    group: Group,
+    index: int,
+    total: int,
+    scenario: str,
+    builder: PromptBuilder,
+    max_tokens: int,
+    max_lines: int,
+) -> PromptPlan:
+    """The item's prompt, its data cut until prompt and answer fit the context window (the system
+    prompt and the task take their share first)."""
+    room = builder.max_model_len - max_tokens
+    budget = builder.context_budget
+    while True:
+        plan = builder.build(
+            scenario=scenario,
+            question=question(scenario, group, index, total),
+            asker=None,
+            context=_fitting_bundle(group, index, total, max_lines, builder, budget),
+            max_tokens=max_tokens,
+        )
+        if plan.prompt_tokens <= room or budget <= 64:
+            return plan
+        budget = max(64, budget - (plan.prompt_tokens - room) - 16)
 
 
 def plan_work(
@@ -221,13 +247,7 @@ def plan_work(
     chosen = list(groups if max_groups is None else groups[:max_groups])
     items: list[WorkItem] = []
     for index, group in enumerate(chosen, start=1):
-        plan = builder.build(
-            scenario=scenario,
-            question=question(scenario, group, index, len(chosen)),
-            asker=None,
-            context=_fitting_bundle(group, index, len(chosen), max_lines, builder),
-            max_tokens=max_tokens,
-        )
+        plan = _fitting_prompt(group, index, len(chosen), scenario, builder, max_tokens, max_lines)
         items.append(
             WorkItem(item_id(scenario, group, max_tokens), group, scenario, plan.token_ids, plan.left_out)
         )

@@ -231,6 +231,8 @@ class OfflineBatchEngine:
             while pending and engine.has_unfinished_requests():
                 if stop.is_set():
                     engine.abort_request(sorted(pending))
+                    for rid in sorted(pending):  # started, never finished: the caller records them
+                        on_done(rid, None, "stopped before it finished")
                     break
                 for out in engine.step():
                     if not out.finished or out.request_id not in pending:
@@ -245,11 +247,14 @@ class OfflineBatchEngine:
                     finished += 1
                     on_done(out.request_id, _result(out, completion, prompt_len, t_added), None)
         except Exception as exc:
-            if not stop.is_set():
+            # A Ctrl-C in a terminal reaches the engine core too, which may die before ``stop`` is set.
+            if not stop.wait(timeout=1.0):
                 raise EngineDeadError(
                     f"the vLLM offline engine stopped: {type(exc).__name__}: {exc}"
                 ) from exc
             logger.info("vLLM offline engine stopped with the interrupt (%s)", type(exc).__name__)
+            for rid in sorted(pending):
+                on_done(rid, None, "stopped before it finished")
         return OfflineRunStats(
             submitted=len(added),
             finished=finished,

@@ -1,14 +1,16 @@
-"""``opsbot stats --plot FILE.png``: TTFT and TPOT P50 / P99 over time, one colour per scenario.
+"""PNG charts: ``opsbot stats --plot FILE.png`` (TTFT and TPOT P50 / P99 over time, one colour per
+scenario) and ``opsbot analyze``'s ``counts.png`` (occurrences over time per group).
 
-matplotlib (the ``plot`` extra) is imported only here and only when a plot is asked for; the figure
-is drawn on the Agg canvas directly (no pyplot, no GUI backend, no global state).
+matplotlib is imported only here and only when a chart is asked for; the figure is drawn on the Agg
+canvas directly (no pyplot, no GUI backend, no global state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from bot.errors import OpsbotError
 from bot.stats import describe_window, pick_bucket, time_series
@@ -38,7 +40,7 @@ def plot_latency(
         from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
         from matplotlib.figure import Figure
     except ImportError:
-        raise OpsbotError("opsbot stats --plot needs matplotlib: pip install 'opsbot[plot]'") from None
+        raise OpsbotError("opsbot stats --plot needs matplotlib: pip install 'matplotlib>=3.11'") from None
     bucket = pick_bucket(until - since)
     series = time_series(records, since, bucket)
     width, height = PLOT_SIZE_PX
@@ -93,4 +95,46 @@ def plot_latency(
         figure.savefig(path, format="png", dpi=_DPI)
     except OSError as exc:
         raise OpsbotError(f"cannot write the plot to {path}: {exc.strerror or exc}") from None
+    return path
+
+
+COUNTS_SIZE_PX = (1200, 600)
+"""Width and height of ``opsbot analyze``'s ``counts.png`` in pixels."""
+
+
+def plot_counts(counts: Mapping[str, Any], path: Path, *, title: str, unit: str) -> Path:
+    """Draw ``counts`` (a report's ``counts_over_time``: buckets, and per group its counts) as stacked
+    steps, one colour per group, to ``path`` (PNG); ``unit`` names what is counted ("alert firings").
+    Raises :class:`OpsbotError` when matplotlib is missing or the file cannot be written."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise OpsbotError(
+            "opsbot analyze's counts.png needs matplotlib: pip install 'matplotlib>=3.11'"
+        ) from None
+    width, height = COUNTS_SIZE_PX
+    figure = Figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if counts["buckets"]:
+        x = [datetime.fromisoformat(b.replace("Z", "+00:00")) for b in counts["buckets"]]
+        # One more edge, so the last bucket is drawn as wide as the others.
+        x.append(x[-1] + timedelta(seconds=counts["bucket_s"]))
+        stacks = [[*s["counts"], s["counts"][-1]] for s in counts["series"]]
+        labels = [s["group"][:56] for s in counts["series"]]
+        axes.stackplot(x, *stacks, labels=labels, step="post", alpha=0.85)  # type: ignore[arg-type]
+        axes.set_ylabel(f"{unit} per {counts['bucket']}")
+        axes.set_xlabel("time (UTC)")
+        axes.legend(loc="upper left", fontsize=7, ncol=2, frameon=False)
+        axes.grid(True, alpha=0.3)
+        figure.autofmt_xdate()
+    else:
+        axes.text(0.5, 0.5, "no record carries a timestamp", ha="center", va="center")
+        axes.set_axis_off()
+    axes.set_title(f"{title}: counts over time per group", fontsize=10)
+    try:
+        figure.savefig(path, format="png", dpi=_DPI)
+    except OSError as exc:
+        raise OpsbotError(f"cannot write the chart to {path}: {exc.strerror or exc}") from None
     return path

@@ -66,6 +66,14 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
     backend = pick_backend(settings)
     system_prompt = load_system_prompt(settings.prompt.system_prompt, settings.prompt.system_prompt_file)
     offline = None
+    engine: Engine | None = None
+
+    async def start_engine() -> Engine:
+        err.print(f"[dim]starting the {backend} engine ({model}) ...[/dim]", highlight=False)
+        started = build_engine(settings, model)
+        await started.start(warmup_messages=[ChatMessage("system", system_prompt)])
+        return started
+
     if backend == "vllm":
         from inference.vllm_batch import OfflineBatchEngine
 
@@ -73,7 +81,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             settings.engine.model_copy(update={"model": model}), max_num_seqs=cfg.offline_max_num_seqs
         )
         tokenizer: ChatTokenizer = await asyncio.to_thread(lambda: offline.tokenizer)
-    else:
+    elif backend == "cpu" or settings.engine.tokenizer:
         from inference.tokenization import HFChatTokenizer
 
         tokenizer = await asyncio.to_thread(
@@ -81,42 +89,46 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             settings.engine.tokenizer or model,
             trust_remote_code=settings.engine.trust_remote_code,
         )
-    builder = PromptBuilder(
-        tokenizer,
-        system_prompt=system_prompt,
-        max_model_len=settings.engine.max_model_len,
-        context_share=settings.prompt.context_share,
-        history_share=settings.prompt.history_share,
-    )
-    prepared = await asyncio.to_thread(prepare, spec, read, builder, ScenarioRegistry(settings.scenarios))
-    _say_plan(prepared, err)
-
-    store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
-    engine: Engine | None = None
-    stop = asyncio.Event()
-    runner = BatchRunner(
-        results=ResultLog(spec.out_dir),
-        store=store,
-        run_id=run_id(spec.out_dir, {"input": str(args.input), "scenario": spec.scenario}),
-        model=model,
-        progress=progress_for(err),
-        channel=target[1] if target else None,
-    )
-
-    async def make_executor() -> Executor:
-        nonlocal engine
-        if offline is not None:
-            err.print(f"[dim]starting the vLLM offline engine ({model}) ...[/dim]", highlight=False)
-            warmup = tokenizer.render([ChatMessage("system", system_prompt)], add_generation_prompt=False)
-            await asyncio.to_thread(offline.start, warmup)
-            return OfflineExecutor(offline, runner.request_id)
-        err.print(f"[dim]starting the {backend} engine ({model}) ...[/dim]", highlight=False)
-        engine = build_engine(settings, model)
-        await engine.start(warmup_messages=[ChatMessage("system", system_prompt)])
-        return EngineExecutor(engine, settings.engine.cpu_max_concurrency, runner.request_id)
-
-    restore = _first_interrupt_stops(stop, err)
+    else:  # a model server without a local tokenizer: the server renders and counts
+        engine = await start_engine()
+        tokenizer = engine.tokenizer
+    store: Store | None = None
+    restore: Callable[[], None] = lambda: None  # noqa: E731
     try:
+        builder = PromptBuilder(
+            tokenizer,
+            system_prompt=system_prompt,
+            max_model_len=settings.engine.max_model_len,
+            context_share=settings.prompt.context_share,
+            history_share=settings.prompt.history_share,
+        )
+        prepared = await asyncio.to_thread(prepare, spec, read, builder, ScenarioRegistry(settings.scenarios))
+        _say_plan(prepared, err)
+        store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
+        stop = asyncio.Event()
+        runner = BatchRunner(
+            results=ResultLog(spec.out_dir),
+            store=store,
+            run_id=run_id(spec.out_dir, {"input": str(args.input), "scenario": spec.scenario}),
+            model=model,
+            progress=progress_for(err),
+            channel=target[1] if target else None,
+        )
+
+        async def make_executor() -> Executor:
+            nonlocal engine
+            if offline is not None:
+                err.print(f"[dim]starting the vLLM offline engine ({model}) ...[/dim]", highlight=False)
+                warmup = tokenizer.render([ChatMessage("system", system_prompt)], add_generation_prompt=False)
+                await asyncio.to_thread(offline.start, warmup)
+                return OfflineExecutor(offline, runner.request_id)
+            if engine is None:
+                engine = await start_engine()
+            # The CPU engine decodes a few at once; a model server takes as many as a bot would send.
+            width = settings.engine.cpu_max_concurrency if backend == "cpu" else cfg.max_in_flight
+            return EngineExecutor(engine, width, runner.request_id)
+
+        restore = _first_interrupt_stops(stop, err)
         summary = await execute(prepared, runner, make_executor, stop)
         report, files = await asyncio.to_thread(finish, prepared, runner, summary, model)
         if target is not None and not summary.interrupted:
@@ -129,7 +141,8 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             await asyncio.to_thread(offline.shutdown)
         if engine is not None:
             await engine.shutdown(drain_timeout_s=5.0)
-        await store.close()
+        if store is not None:
+            await store.close()
     totals = report["totals"]
     out.print(
         f"{summary.finished} items this run ({summary.items_per_s:.2f} items/s, "

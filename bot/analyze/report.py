@@ -4,13 +4,14 @@
 lines, the window, what grouping saved, how the run went, the groups (largest first) with their
 summaries, counts over time per group, and what changed during the window (groups that started or
 went quiet, rates that rose or fell, rollouts seen in pod names, change events and log lines).
-:func:`render_markdown` (``report.md``) and :func:`plot_counts` (``counts.png``, alert counts over
-time per group) only render that document, so the three always agree.
+:func:`render_markdown` (``report.md``) and :func:`bot.plots.plot_counts` (``counts.png``, alert
+counts over time per group) only render that document, so the three always agree.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,14 +24,17 @@ from bot.analyze.records import Group, ReadResult
 from bot.analyze.results import ItemResult
 from bot.analyze.runner import RunSummary
 from bot.analyze.work import Plan
+from bot.errors import OpsbotError
+from bot.plots import COUNTS_SIZE_PX, plot_counts
 from bot.redact import redact
+
+logger = logging.getLogger(__name__)
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 COUNTS_PNG = "counts.png"
-PNG_SIZE = (1200, 600)
+PNG_SIZE = COUNTS_SIZE_PX
 """Width and height of ``counts.png`` in pixels."""
-_PNG_DPI = 100
 _SERIES = 8
 """Groups drawn on their own in the chart and the counts table (the rest are summed as "other")."""
 _BUCKETS_S = (60, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 604800)
@@ -397,43 +401,21 @@ def _counts_table(counts: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def plot_counts(report: Mapping[str, Any], path: Path) -> None:
-    """``counts.png``: occurrences per bucket for the largest groups, one line each
-    (:data:`PNG_SIZE` pixels)."""
-    # The object API, not pyplot: no global figure state or GUI backend in a server process.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    counts = report["counts_over_time"]
-    figure = Figure(figsize=(PNG_SIZE[0] / _PNG_DPI, PNG_SIZE[1] / _PNG_DPI), dpi=_PNG_DPI)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    if counts["buckets"]:
-        x = [datetime.fromisoformat(b.replace("Z", "+00:00")) for b in counts["buckets"]]
-        # One more edge so the last bucket is drawn as wide as the others.
-        x.append(x[-1] + timedelta(seconds=counts["bucket_s"]))
-        stacks = [[*s["counts"], s["counts"][-1]] for s in counts["series"]]
-        labels = [s["group"][:56] for s in counts["series"]]
-        axes.stackplot(x, *stacks, labels=labels, step="post", alpha=0.85)  # type: ignore[arg-type]
-        axes.set_ylabel(f"{_KIND_PLURAL.get(report['kind'], 'records')} per {counts['bucket']}")
-        axes.set_xlabel("time (UTC)")
-        axes.legend(loc="upper left", fontsize=7, ncol=2, frameon=False)
-        axes.grid(True, alpha=0.3)
-        figure.autofmt_xdate()
-    else:
-        axes.text(0.5, 0.5, "no record carries a timestamp", ha="center", va="center")
-        axes.set_axis_off()
-    axes.set_title(f"{report['title']}: counts over time per group", fontsize=10)
-    figure.savefig(path, format="png", dpi=_PNG_DPI)
-
-
 def write_report(out_dir: Path, report: Mapping[str, Any]) -> ReportFiles:
     """Write ``report.json``, ``report.md`` and ``counts.png`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir / REPORT_MD, out_dir / REPORT_JSON, out_dir / COUNTS_PNG)
     files.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     files.markdown.write_text(render_markdown(report), encoding="utf-8")
-    plot_counts(report, files.png)
+    try:
+        plot_counts(
+            report["counts_over_time"],
+            files.png,
+            title=report["title"],
+            unit=_KIND_PLURAL.get(report["kind"], "records"),
+        )
+    except OpsbotError as exc:  # the report itself is written; only the chart is missing
+        logger.warning("%s", exc)
     return files
 
 

@@ -255,9 +255,13 @@ class AnalyzeService:
 
         if self._tokenizer is None:
             engine_cfg = self.settings.engine
-            self._tokenizer = HFChatTokenizer(
-                engine_cfg.tokenizer or self.model, trust_remote_code=engine_cfg.trust_remote_code
-            )
+            if engine_cfg.backend == "openai" and not engine_cfg.tokenizer:
+                # The model server tokenizes (one HTTP connection per thread: safe from here).
+                self._tokenizer = self.pipeline.prompts.tokenizer
+            else:
+                self._tokenizer = HFChatTokenizer(
+                    engine_cfg.tokenizer or self.model, trust_remote_code=engine_cfg.trust_remote_code
+                )
         prompts = self.pipeline.prompts
         builder = PromptBuilder(
             self._tokenizer,

@@ -57,11 +57,11 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
     )
     read = await asyncio.to_thread(read_path, Path(args.input), args.format)
     for line in describe_bad_lines(read.bad_lines):
-        err.print(f"[yellow]skipped[/yellow] {line}", highlight=False, markup=True)
+        err.print(f"[yellow]skipped[/yellow] {line}", highlight=False, markup=True, soft_wrap=True)
     if not read.records:
-        err.print(f"opsbot: error: no records could be read from {args.input}", markup=False)
+        err.print(f"opsbot: error: no records could be read from {args.input}", markup=False, soft_wrap=True)
         return 1
-    progress_line = lambda line: err.print(f"[dim]{line}[/dim]", highlight=False)  # noqa: E731
+    progress_line = lambda line: err.print(f"[dim]{line}[/dim]", highlight=False, soft_wrap=True)  # noqa: E731
     model = resolve_model(settings, progress=progress_line)
     backend = pick_backend(settings)
     system_prompt = load_system_prompt(settings.prompt.system_prompt, settings.prompt.system_prompt_file)
@@ -69,7 +69,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
     engine: Engine | None = None
 
     async def start_engine() -> Engine:
-        err.print(f"[dim]starting the {backend} engine ({model}) ...[/dim]", highlight=False)
+        err.print(f"[dim]starting the {backend} engine ({model}) ...[/dim]", highlight=False, soft_wrap=True)
         started = build_engine(settings, model)
         await started.start(warmup_messages=[ChatMessage("system", system_prompt)])
         return started
@@ -118,7 +118,11 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
         async def make_executor() -> Executor:
             nonlocal engine
             if offline is not None:
-                err.print(f"[dim]starting the vLLM offline engine ({model}) ...[/dim]", highlight=False)
+                err.print(
+                    f"[dim]starting the vLLM offline engine ({model}) ...[/dim]",
+                    highlight=False,
+                    soft_wrap=True,
+                )
                 warmup = tokenizer.render([ChatMessage("system", system_prompt)], add_generation_prompt=False)
                 await asyncio.to_thread(offline.start, warmup)
                 return OfflineExecutor(offline, runner.request_id)
@@ -134,7 +138,9 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
         if target is not None and not summary.interrupted:
             async with PostingAdapter(settings, target[0], store) as adapter:
                 thread = await post_summary(adapter, target[1], report, report_path=str(files.markdown))
-            err.print(f"[dim]summary posted to {args.post} (thread {thread})[/dim]", highlight=False)
+            err.print(
+                f"[dim]summary posted to {args.post} (thread {thread})[/dim]", highlight=False, soft_wrap=True
+            )
     finally:
         restore()
         if offline is not None:
@@ -149,17 +155,23 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
         f"{summary.output_tokens_per_s:.0f} output tokens/s, {summary.wall_s:.1f} s), "
         f"{summary.skipped} already done; {totals['summarised']} of {totals['groups']} groups summarised",
         highlight=False,
+        soft_wrap=True,
     )
-    out.print(f"report: {files.markdown}  {files.json}  {files.png}", highlight=False)
+    out.print(f"report: {files.markdown}  {files.json}  {files.png}", highlight=False, soft_wrap=True)
     if summary.interrupted:
         err.print(
             f"interrupted: {summary.finished + summary.skipped} of {summary.total} items are done and kept; "
             "run the same command again to finish the rest",
             highlight=False,
+            soft_wrap=True,
         )
         return EXIT_INTERRUPTED
     if summary.failed:
-        err.print(f"{summary.failed} items failed (see the log); run again to retry them", highlight=False)
+        err.print(
+            f"{summary.failed} items failed (see the log); run again to retry them",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 1
     return 0
 
@@ -172,11 +184,13 @@ def _say_plan(prepared: Prepared, err: Console) -> None:
         f"{s.items} items in {len(g.groups)} groups; grouping saves {s.items_saved} requests and "
         f"{s.tokens_saved:,} prompt tokens ({s.tokens_grouped:,} instead of {s.tokens_each:,})",
         highlight=False,
+        soft_wrap=True,
     )
     if prepared.plan.not_planned:
         err.print(
             f"{len(prepared.plan.not_planned)} smaller groups beyond --max-groups are listed unsummarised",
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -185,7 +199,11 @@ def _first_interrupt_stops(stop: asyncio.Event, err: Console) -> Callable[[], No
     loop = asyncio.get_running_loop()
 
     def first() -> None:
-        err.print("stopping: finished items are kept (Ctrl-C again to quit at once)", highlight=False)
+        err.print(
+            "stopping: finished items are kept (Ctrl-C again to quit at once)",
+            highlight=False,
+            soft_wrap=True,
+        )
         stop.set()
         with contextlib.suppress(Exception):
             loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C is Python's own

@@ -98,6 +98,47 @@ class RetrySettings(ConfigSection):
     """How long in seconds one call keeps honouring 429 ``Retry-After`` answers before it gives up."""
 
 
+class RateLimit(ConfigSection):
+    """One rate budget (see :mod:`bot.adapters.ratelimit`): at most ``per_minute`` calls in any 60 s
+    window, of which ``burst`` may go at once; the rest refill evenly over the minute."""
+
+    per_minute: float = Field(gt=0)
+    """Most calls in any 60 s window (a Slack tier's number: Tier 2 20, Tier 3 50, Tier 4 100)."""
+    burst: int = Field(1, ge=1)
+    """Calls that may start at once after a quiet spell (the rest of ``per_minute`` refills evenly)."""
+
+    @model_validator(mode="after")
+    def _burst_below_limit(self) -> RateLimit:
+        if self.burst >= self.per_minute:
+            raise ValueError("burst must be smaller than per_minute (the rest of the minute refills)")
+        return self
+
+    def __repr__(self) -> str:  # the README's reference table shows the defaults this way
+        return f"{self.per_minute:g}/min burst {self.burst}"
+
+    __str__ = __repr__
+
+
+SLACK_RATE_LIMITS: dict[str, RateLimit] = {
+    # Published tiers, per method per app per workspace (docs.slack.dev/apis/web-api/rate-limits):
+    # Tier 2 is 20+ per minute, Tier 3 50+, Tier 4 100+; the burst is a share of the same minute.
+    "chat.update": RateLimit(per_minute=50, burst=10),
+    "chat.appendStream": RateLimit(per_minute=100, burst=20),
+    "chat.startStream": RateLimit(per_minute=20, burst=5),
+    "chat.stopStream": RateLimit(per_minute=20, burst=5),
+    "chat.postEphemeral": RateLimit(per_minute=100, burst=20),
+    # "several hundred per minute per workspace" on top of the per-channel limit
+    "chat.postMessage": RateLimit(per_minute=300, burst=30),
+    "reactions.add": RateLimit(per_minute=50, burst=40),
+    "reactions.remove": RateLimit(per_minute=20, burst=10),
+    "conversations.replies": RateLimit(per_minute=50, burst=10),
+    "conversations.history": RateLimit(per_minute=50, burst=10),
+    "assistant.threads.setStatus": RateLimit(per_minute=100, burst=40),
+    "apps.connections.open": RateLimit(per_minute=50, burst=10),
+}
+"""Default ``slack.rate_limits``: Slack's published tier of each method opsbot calls."""
+
+
 class AccessSettings(ConfigSection):
     """Who opsbot answers on a platform (one rule set, :mod:`bot.access`, for every platform)."""
 
@@ -108,6 +149,10 @@ class AccessSettings(ConfigSection):
     direct_messages: Literal["allow", "as_channel", "deny"] = "allow"
     """Direct messages: ``allow`` (a DM is the asker's own space: only ``allowed_users`` applies),
     ``as_channel`` (the DM must be in ``allowed_channels`` too) or ``deny`` (never answer DMs)."""
+    allowed_bots: list[str] = Field(default_factory=list)
+    """Bots opsbot does answer, by id or name (Slack: ``bot_id``, bot user id or bot / app name;
+    Mattermost: user id or username). Every other bot, integration, webhook and workflow post is
+    ignored, so two bots never talk to each other forever."""
 
 
 class PromptSettings(ConfigSection):
@@ -198,8 +243,53 @@ class SlackSettings(AccessSettings):
     """HTTP mode: path of the one Request URL for events, slash commands and interactivity."""
     message_limit: int = Field(39_000, ge=200, le=40_000)
     """Characters of answer text per Slack message; longer answers are split into several."""
-    socket_ping_interval_s: float = Field(10.0, gt=0)
-    """Socket Mode: seconds between websocket pings (a dead socket is replaced within ~4 pings)."""
+    socket_ping_interval_s: float = Field(5.0, gt=0)
+    """Socket Mode: seconds between websocket pings on every connection."""
+    socket_pong_timeout_s: float = Field(5.0, gt=0)
+    """Socket Mode: a connection whose ping is not answered within this many seconds is replaced
+    (a new one is opened first, then the silent one closed): a half-open socket is gone within
+    ``socket_ping_interval_s + socket_pong_timeout_s`` plus one connect."""
+    socket_connections: int = Field(1, ge=1, le=10)
+    """Socket Mode connections kept open at once (Slack allows up to 10; events spread over them)."""
+    reconnect: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None, max_s=30.0))
+    """Socket Mode reconnects (``apps.connections.open`` and the websocket): retried for ever, with
+    backoff and jitter."""
+    rate_budgets: bool = True
+    """Share app-wide rate budgets (``rate_limits``, per method, and the per-channel post limit)
+    between every answer in flight, so calls stay inside Slack's tiers; off: calls go out as soon
+    as answers make them (a 429's ``Retry-After`` is honoured either way)."""
+    rate_limits: dict[str, RateLimit] = Field(default_factory=lambda: dict(SLACK_RATE_LIMITS))
+    """Budget per Web API method, app-wide (Slack's tiers); a method not listed has none. Set one
+    with e.g. ``[slack.rate_limits."chat.update"] per_minute = 50, burst = 10``."""
+    channel_post_burst: int = Field(3, ge=1)
+    """New posts to one channel that may go at once (then one per ``channel_post_interval_s``):
+    Slack allows about one message per second per channel with short bursts."""
+    streaming: Literal["auto", "native", "edit"] = "auto"
+    """How answers stream: ``auto`` uses Slack's native streaming (``chat.startStream`` /
+    ``appendStream`` / ``stopStream``) where the workspace offers it and a ``startStream`` slot
+    (Tier 2) is free within ``native_start_wait_s``, else post-and-edit (``chat.update``);
+    ``native`` waits for that slot instead; ``edit`` always posts and edits. A workspace that
+    answers the streaming methods are unavailable is remembered and gets post-and-edit."""
+    native_start_wait_s: float = Field(1.0, ge=0)
+    """``streaming = auto``: longest wait in seconds for a ``chat.startStream`` slot before the
+    answer uses post-and-edit instead."""
+    post_placeholder: Literal["auto", "always"] = "auto"
+    """Post-and-edit: ``auto`` posts the answer's first message with its first text when a sign of
+    life (reaction or thread status) was shown, and a ``_thinking…_`` placeholder at once only when
+    none could be; ``always`` posts the placeholder at once."""
+    ack_reaction: str = "eyes"
+    """Sign of life: reaction added to the asking message before context gathering starts, within
+    a second (in assistant threads the thread status is set instead); empty: no sign of life."""
+    done_reaction: str = "white_check_mark"
+    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none)."""
+    failed_reaction: str = "warning"
+    """Reaction that replaces ``ack_reaction`` when the answer failed (empty: none)."""
+    ack_wait_s: float = Field(1.0, ge=0)
+    """Longest wait in seconds for the reaction budget before the sign of life is skipped (it must
+    never hold up the answer)."""
+    conclude_wait_s: float = Field(10.0, ge=0)
+    """Longest wait in seconds for the reaction budget when swapping in the done / failed reaction
+    (lowest priority; skipped when the budget stays spent)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -267,6 +357,35 @@ class MattermostSettings(AccessSettings):
     slash_command_wait_s: float = Field(2.0, ge=0, lt=3)
     """``/rca help`` and ``/rca status``: seconds the command's HTTP response waits for the text so
     it can carry it directly (later text goes to the ``response_url``)."""
+    websocket_ping_interval_s: float = Field(5.0, gt=0)
+    """Seconds between websocket pings (at most a third of ``websocket_silence_s``)."""
+    websocket_pong_timeout_s: float = Field(5.0, gt=0)
+    """A websocket whose ping is not answered within this many seconds is replaced, whatever other
+    traffic it carries: a half-open socket is gone within ``websocket_ping_interval_s +
+    websocket_pong_timeout_s`` plus one connect (the replacement is opened before it is closed)."""
+    rate_budgets: bool = True
+    """Share the server's rate limit (``rate_limit``) and the per-channel post limit between every
+    answer in flight; off: calls go out as soon as answers make them (a 429 still waits)."""
+    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit(per_minute=600, burst=20))
+    """Budget for every REST call of the bot account: Mattermost's rate limiter allows 10 requests
+    per second per user by default (``RateLimitSettings.PerSec``) with a burst."""
+    channel_post_burst: int = Field(3, ge=1)
+    """New posts to one channel that may go at once (then one per ``channel_post_interval_s``)."""
+    post_placeholder: Literal["auto", "always"] = "auto"
+    """``auto`` posts the answer's first post with its first text when a sign of life (reaction)
+    was shown, and a ``_thinking…_`` placeholder at once only when none could be; ``always`` posts
+    the placeholder at once."""
+    ack_reaction: str = "eyes"
+    """Sign of life: reaction (``POST /reactions``) on the asking post before context gathering
+    starts; empty: no sign of life."""
+    done_reaction: str = "white_check_mark"
+    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none)."""
+    failed_reaction: str = "warning"
+    """Reaction that replaces ``ack_reaction`` when the answer failed (empty: none)."""
+    ack_wait_s: float = Field(1.0, ge=0)
+    """Longest wait in seconds for the rate budget before the sign of life is skipped."""
+    conclude_wait_s: float = Field(10.0, ge=0)
+    """Longest wait in seconds for the rate budget when swapping in the done / failed reaction."""
 
     @model_validator(mode="before")
     @classmethod

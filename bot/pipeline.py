@@ -281,6 +281,7 @@ class Pipeline:
             lane.value,
         )
         reply: ReplyStream | None = None
+        await adapter.acknowledge(message)  # sign of life before anything slow (no channel post)
         try:
             try:
                 reply = await adapter.open_reply(message)
@@ -306,6 +307,7 @@ class Pipeline:
             raise
         finally:
             await self._finish_record(record, message)
+            await adapter.conclude(message, ok=record.status == "ok")
 
     async def _answer_into(
         self, message: IncomingMessage, reply: ReplyStream, scenario: str, lane: Lane, record: RequestRecord
@@ -313,6 +315,7 @@ class Pipeline:
         sampling = self.scenarios.get(scenario)
         history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario, lane)
         record.context_ms = context_ms
+        await reply.show_sources(bundle.notes if bundle else [])
         plan: PromptPlan | None = None
         result: GenerationResult | None = None
         error: str | None = None

@@ -10,18 +10,23 @@ the growing text (the stream throttles edits to the platform's limits) and finis
 Shutdown has two steps so answers in flight can still post: :meth:`ChatAdapter.stop` stops taking
 messages, the pipeline drains, then :meth:`ChatAdapter.close` releases the connections. Failed
 platform calls raise :mod:`bot.errors`' ``PlatformError`` branches.
+
+A sign of life comes before any of that: :meth:`ChatAdapter.acknowledge` (a reaction on the asking
+message, or an assistant thread's status) before context gathering starts, and
+:meth:`ChatAdapter.conclude` swaps it for a done / failed mark when the answer ends. Both are best
+effort and spend no channel post.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
 from bot.access import AccessPolicy
-from bot.types import FinalAnswer, IncomingMessage
+from bot.types import FinalAnswer, IncomingMessage, SourceNote
 
 MessageSink = Callable[[IncomingMessage], "asyncio.Task[None]"]
 """``pipeline.submit`` bound to an adapter: takes an accepted message and returns the task that
@@ -42,6 +47,11 @@ class ReplyStream(abc.ABC):
     @abc.abstractmethod
     async def finish(self, answer: FinalAnswer) -> None:
         """Final edit(s): full text split to the platform's limits, footer, buttons."""
+
+    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        """Context gathering is done: show what each source gave (Slack's native stream shows them
+        as task updates); default: nothing, the footer lists them."""
+        return None
 
     @property
     @abc.abstractmethod
@@ -66,6 +76,14 @@ class ChatAdapter(abc.ABC):
 
     async def close(self) -> None:
         """Release the platform connections (after the pipeline drained); default: nothing to do."""
+        return None
+
+    async def acknowledge(self, message: IncomingMessage) -> None:
+        """Show a sign of life for ``message`` at once (no channel post); never raises."""
+        return None
+
+    async def conclude(self, message: IncomingMessage, *, ok: bool) -> None:
+        """Replace the sign of life with a done (``ok``) or failed mark; never raises."""
         return None
 
     @abc.abstractmethod

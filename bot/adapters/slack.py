@@ -1,54 +1,84 @@
 """Slack: @-mentions, DMs, ``/rca`` and thread follow-ups, streamed into threads (slack-bolt async).
 
-Both connection modes share one bolt ``AsyncApp``: Socket Mode (``AsyncSocketModeHandler``, the
-websocket URL comes from ``apps.connections.open`` on ``settings.api_base_url``) or the HTTP Events
+Both connection modes share one bolt ``AsyncApp``: Socket Mode (:mod:`bot.adapters.slack_socket`:
+a pool of pinged connections, the websocket URL from ``apps.connections.open``) or the HTTP Events
 API (:meth:`SlackAdapter.http_routes`: one Request URL for events, slash commands and
 interactivity, every request's v0 signature and timestamp verified here before bolt sees it).
 
 Every delivery is acknowledged at once and its work scheduled as a task. ``event_id`` is
 ``channel:ts`` of the user's message, so the ``app_mention`` and ``message`` events Slack sends for
 one mention, and every retry of either (``X-Slack-Retry-Num`` / Socket Mode ``retry_attempt``), claim
-the same key in the store and only the first is answered.
+the same key in the store and only the first is answered. Messages written by bots (any event
+with a ``bot_id``) are dropped unless allow-listed (:mod:`bot.access`).
 
-Web API calls go through :meth:`SlackAdapter.call` under the one retry policy (:mod:`bot.retry`):
-429s wait their ``Retry-After`` (and hold back every other call of that method to that channel
-meanwhile), 5xx and connection errors back off with jitter, each retry counted in
-``CHAT_API_RETRIES``; a call that fails for good raises a :class:`SlackCallError` of the matching
-branch of :mod:`bot.errors`. New posts to a channel are paced by a shared
-:class:`~bot.adapters.streaming.ChannelPacer`. Every accepted message is handed to the pipeline
-(``submit``), which owns it until it is answered; access rules are :mod:`bot.access`'s.
+Every Web API call, ours, bolt's and slack_sdk's chat-stream helper's, goes through one transport
+(:class:`SlackWebClient`): it takes a slot of the app-wide rate budget (:mod:`bot.adapters.ratelimit`:
+Slack's tiers per method, about one post per second per channel), waits out a 429's ``Retry-After``
+for that method across the whole app, backs off on 5xx and connection errors under the one retry
+policy (:mod:`bot.retry`, each retry counted in ``CHAT_API_RETRIES``), and before re-posting a
+``chat.postMessage`` that may already have been stored it looks for the post's metadata tag in the
+thread. A call that fails for good raises a :class:`SlackCallError` of the matching branch of
+:mod:`bot.errors`.
+
+An answer is one :class:`SlackReply` with two renderings chosen at run time: Slack's native
+streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack_sdk's
+``AsyncChatStream``, context gathering shown as plan / task updates, then the answer as markdown)
+or post-and-edit (``chat.postMessage`` + ``chat.update`` in mrkdwn). A workspace that answers the
+streaming methods are unavailable is remembered and gets post-and-edit from then on. The sign of
+life is a reaction on the asking message (the thread status in assistant threads), swapped for a
+done / failed reaction when the answer ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import json
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.socket_mode.internals import build_headers
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
-from bot.access import AccessPolicy
+from bot.access import AccessPolicy, slack_author
 from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
+from bot.adapters.ratelimit import (
+    BudgetTimeout,
+    Priority,
+    RateBudget,
+    Ticket,
+    prepaid,
+    release_when_done,
+    ticket,
+)
 from bot.adapters.slack_format import (
     FEEDBACK_DOWN,
     FEEDBACK_UP,
     answer_blocks,
     escape,
     fallback_text,
+    footer_blocks,
     markdown_to_mrkdwn,
 )
-from bot.adapters.streaming import ChannelPacer, StreamingReply
-from bot.config import SlackSettings
+from bot.adapters.slack_socket import SocketModeConnections
+from bot.adapters.streaming import StreamingReply, split_text
+from bot.config import RetrySettings, SlackSettings
 from bot.errors import (
     PlatformError,
     PlatformRejected,
@@ -58,12 +88,10 @@ from bot.errors import (
 )
 from bot.logs import request_scope
 from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
-from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
-from bot.types import FinalAnswer, IncomingMessage, MessageKind
+from bot.retry import RetriesExhausted, RetryBudget, RetryKnobs, retry_after_from_headers
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 
 if TYPE_CHECKING:
-    from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-
     from bot.store import Store
 
 logger = logging.getLogger(__name__)
@@ -72,17 +100,58 @@ PLATFORM = "slack"
 SIGNATURE_MAX_AGE_S = 300
 """Slack's replay window: a request timestamp older (or newer) than this is refused."""
 _QUOTE_LIMIT = 500
+POST_EVENT_TYPE = "opsbot_post"
+"""``metadata.event_type`` of every message opsbot posts; its ``event_payload`` carries the request
+id and a key unique to the post, by which a retried post is found instead of posted twice."""
+NATIVE_TEXT_LIMIT = 12_000
+"""Characters of markdown in one natively streamed message (``markdown_text``'s limit)."""
+STREAM_UNAVAILABLE = frozenset(
+    {
+        "unknown_method",
+        "not_allowed_token_type",
+        "missing_scope",
+        "method_deprecated",
+        "deprecated_endpoint",
+        "access_denied",
+        "not_allowed",
+        "enterprise_is_restricted",
+        "is_bot",
+    }
+)
+"""``chat.startStream`` errors that mean this workspace (app, token) cannot stream natively at all:
+remembered per workspace. Any other refusal (a channel type, a recipient) falls back for one answer."""
+_NOT_REPLAYABLE = frozenset({"chat.startStream", "chat.appendStream", "chat.stopStream"})
+# A stream call that failed with a 5xx or a timeout may have taken effect, and it cannot be found
+# again by a tag: it is not retried blindly; the reply repairs the message (chat.update) instead.
+_SIGN = "slack_sign_of_life"  # IncomingMessage.extra key: which sign of life was shown
+_THREAD_STATUS = "is looking into it…"
+_ASSISTANT_THREADS_MAX = 10_000
+_DEFANG = re.compile(r"<([!@#])")
 
 
-class SlackCallError(PlatformError):
-    """A Web API call failed for good; its subclasses place it in :mod:`bot.errors`' tree."""
+class SlackCallError(PlatformError, SlackApiError):
+    """A Web API call failed for good; its subclasses place it in :mod:`bot.errors`' tree.
 
-    def __init__(self, method: str, error: str, *, http_status: int | None = None) -> None:
-        super().__init__(f"{method}: {error}")
+    It is a ``SlackApiError`` too, so bolt and slack_sdk helpers that call through the transport
+    handle it as they handle Slack's own errors.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        error: str,
+        *,
+        http_status: int | None = None,
+        response: AsyncSlackResponse | None = None,
+    ) -> None:
+        SlackApiError.__init__(self, f"{method}: {error}", response)  # type: ignore[no-untyped-call]
         self.method = method
         self.error = error
         """Slack's error code (``not_in_channel``, ``ratelimited``, ...) or what went wrong."""
         self.http_status = http_status
+
+    def __str__(self) -> str:
+        return f"{self.method}: {self.error}"
 
 
 class SlackRejected(SlackCallError, PlatformRejected):
@@ -105,33 +174,195 @@ _SLACK_BRANCH: dict[type[PlatformError], type[SlackCallError]] = {
 
 
 def slack_error(
-    method: str, error: str, *, http_status: int | None, exhausted: str | None = None
+    method: str,
+    error: str,
+    *,
+    http_status: int | None,
+    exhausted: str | None = None,
+    response: AsyncSlackResponse | None = None,
 ) -> SlackCallError:
     """The :class:`SlackCallError` of the right branch for a failed call."""
     cls = _SLACK_BRANCH[platform_branch(http_status=http_status, exhausted=exhausted)]
-    return cls(method, error, http_status=http_status)
+    return cls(method, error, http_status=http_status, response=response)
 
 
-class _RetryAfterGates:
-    """Honours ``Retry-After``: after a 429 no call of that method to that channel starts early."""
+_POLICY: contextvars.ContextVar[RetryKnobs | None] = contextvars.ContextVar(
+    "opsbot_slack_policy", default=None
+)
 
-    def __init__(self) -> None:
-        self._until: dict[tuple[str, str | None], float] = {}
 
-    async def wait(self, method: str, channel: str | None) -> None:
+@contextlib.contextmanager
+def call_policy(policy: RetryKnobs) -> Iterator[None]:
+    """Calls made in this block retry under ``policy`` instead of ``slack.retry`` (signs of life:
+    no long waits)."""
+    token = _POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
+
+
+class SlackWebClient(AsyncWebClient):
+    """slack_sdk's client with opsbot's transport under every call (see the module docstring)."""
+
+    def __init__(self, *, rate_budget: RateBudget, retry: RetrySettings, **kwargs: Any) -> None:
+        # Retries are ours: the budget must see every attempt, so slack_sdk's own handlers are off.
+        super().__init__(retry_handlers=[], **kwargs)
+        self.rate_budget = rate_budget
+        self.retry_policy = retry
+        self.bot_id: str | None = None
+        """The bot's own ``bot_id`` (set after ``auth.test``), to recognise its own posts."""
+
+    async def api_call(  # type: ignore[override]
+        self,
+        api_method: str,
+        *,
+        http_verb: str = "POST",
+        files: dict[str, Any] | None = None,
+        data: Any = None,
+        params: dict[str, Any] | None = None,
+        json: dict[str, Any] | None = None,
+        headers: dict[str, Any] | None = None,
+        auth: dict[str, Any] | None = None,
+    ) -> AsyncSlackResponse:
+        """One Web API call: a rate-budget slot, the call, retries under the retry policy."""
+        args: Mapping[str, Any] = json if json is not None else params if params is not None else {}
+        if not args and isinstance(data, Mapping):
+            args = data
+        channel = str(args.get("channel") or args.get("channel_id") or "") or None
+        budget = RetryBudget(_POLICY.get() or self.retry_policy)
+        first_try_wall = time.time()
         while True:
-            delay = self._until.get((method, channel), 0.0) - time.monotonic()
-            if delay <= 0:
-                return
-            await asyncio.sleep(delay)
+            async with self.rate_budget.slot(api_method, channel):
+                try:
+                    return await super().api_call(
+                        api_method,
+                        http_verb=http_verb,
+                        files=files,
+                        data=data,
+                        params=params,
+                        json=json,
+                        headers=headers,
+                        auth=auth,
+                    )
+                except SlackApiError as exc:
+                    status = exc.response.status_code
+                    body = exc.response.data
+                    error = str(body.get("error", "")) if isinstance(body, dict) else ""
+                    detail = error or f"HTTP {status}"
+                    if status != 429 and status < 500:
+                        raise slack_error(
+                            api_method, detail, http_status=status, response=exc.response
+                        ) from exc
+                    try:
+                        if status == 429:
+                            reason = "ratelimited"
+                            wait = retry_after_from_headers(exc.response.headers)
+                            # Slack counts per method per app: hold the method everywhere, not
+                            # just for this channel or this answer.
+                            self.rate_budget.hold(api_method, wait if wait is not None else 1.0)
+                            delay = budget.after_rate_limit(wait, detail)
+                            self.rate_budget.hold(api_method, delay)
+                        else:
+                            reason = "server_error"
+                            delay = budget.after_failure(detail)
+                    except RetriesExhausted as gave_up:
+                        raise slack_error(
+                            api_method,
+                            str(gave_up),
+                            http_status=status,
+                            exhausted=gave_up.reason,
+                            response=exc.response,
+                        ) from exc
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    reason, detail, status = "connection", type(exc).__name__, None
+                    try:
+                        delay = budget.after_failure(detail)
+                    except RetriesExhausted as gave_up:
+                        raise slack_error(
+                            api_method, str(gave_up), http_status=None, exhausted=gave_up.reason
+                        ) from exc
+            # Outside the slot: the failed attempt's token refills from now.
+            if reason != "ratelimited":
+                if api_method in _NOT_REPLAYABLE:
+                    raise slack_error(
+                        api_method,
+                        f"{detail} (not retried: it may have taken effect)",
+                        http_status=status,
+                        exhausted="failures",
+                    )
+                if api_method == "chat.postMessage" and isinstance(json, dict):
+                    found = await self._already_posted(json, first_try_wall)
+                    if found is not None:
+                        logger.info(
+                            "slack chat.postMessage: the failed try was stored after all (ts=%s); "
+                            "not posting it again",
+                            found["ts"],
+                        )
+                        return AsyncSlackResponse(
+                            client=self,
+                            http_verb="POST",
+                            api_url=f"{self.base_url}{api_method}",
+                            req_args={"json": json},
+                            data=found,
+                            headers={},
+                            status_code=200,
+                        )
+            CHAT_API_RETRIES.labels(PLATFORM, api_method, reason).inc()
+            logger.info(
+                "slack %s retry %d in %.2f s: %s (channel=%s)",
+                api_method,
+                budget.attempt,
+                delay,
+                detail,
+                channel,
+            )
+            if reason != "ratelimited":  # a 429's wait is the budget's hold on the method
+                await asyncio.sleep(delay)
 
-    def block(self, method: str, channel: str | None, seconds: float) -> None:
-        key = (method, channel)
-        self._until[key] = max(self._until.get(key, 0.0), time.monotonic() + seconds)
+    async def _already_posted(self, args: Mapping[str, Any], since_wall: float) -> dict[str, Any] | None:
+        """The message a failed ``chat.postMessage`` stored after all, found by its metadata tag."""
+        meta = args.get("metadata")
+        if not isinstance(meta, Mapping) or meta.get("event_type") != POST_EVENT_TYPE:
+            return None
+        key = (meta.get("event_payload") or {}).get("post_key")
+        channel = str(args.get("channel", ""))
+        thread = args.get("thread_ts")
+        # Slack's ts is the server's clock: look back a little further than our first try.
+        query: dict[str, Any] = {
+            "channel": channel,
+            "include_all_metadata": "true",
+            "oldest": f"{since_wall - 60:.6f}",
+            "limit": 200,
+        }
+        method = "conversations.history"
+        if thread:
+            method, query["ts"] = "conversations.replies", str(thread)
+        try:
+            resp = await self.api_call(method, http_verb="GET", params=query)
+        except SlackCallError as exc:  # cannot tell: posting again risks a duplicate, not posting a loss
+            logger.warning("slack: cannot look for a possibly stored post (%s); posting again", exc)
+            return None
+        for msg in resp.get("messages") or []:
+            payload = (msg.get("metadata") or {}).get("event_payload") or {}
+            if (msg.get("metadata") or {}).get("event_type") == POST_EVENT_TYPE and payload.get(
+                "post_key"
+            ) == key:
+                return {"ok": True, "channel": channel, "ts": msg.get("ts"), "message": msg}
+        return None
 
 
-class SlackReply(StreamingReply):
-    """One answer in a Slack thread: ``chat.postMessage`` placeholder, ``chat.update`` edits."""
+def _defang(markdown: str) -> str:
+    """Break Slack's ``<!channel>`` / ``<@U…>`` / ``<#C…>`` sequences in model text (it may quote
+    untrusted context); a zero-width space keeps the text readable and prefixes stable."""
+    return _DEFANG.sub("<\u200b\\1", markdown)
+
+
+class _EditRendering(StreamingReply):
+    """Post-and-edit: ``chat.postMessage`` (placeholder or first text), ``chat.update`` edits."""
+
+    edit_method = "chat.update"
+    post_method = "chat.postMessage"
 
     def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
         settings = adapter.settings
@@ -140,32 +371,272 @@ class SlackReply(StreamingReply):
             thread_id=thread_ts,
             limit=settings.message_limit,
             edit_interval_s=settings.edit_interval_s,
-            pacer=adapter.pacer,
+            budget=adapter.budget,
+            post_placeholder=settings.post_placeholder == "always" or not message.extra.get(_SIGN),
         )
         self._adapter = adapter
-        self._event_id = message.event_id
+        self._request_id = message.request_id
 
     def _format(self, text: str) -> str:
         return markdown_to_mrkdwn(text)
 
     async def _post(self, text: str, final: FinalAnswer | None) -> str:
-        params: dict[str, Any] = {
-            "channel": self.channel,
-            "thread_ts": self.thread_id,
-            "text": fallback_text(text),
-            "unfurl_links": False,
-            "unfurl_media": False,
-        }
-        if final is not None:
-            params["blocks"] = answer_blocks(text, final)
-        data = await self._adapter.call("chat.postMessage", params, channel=self.channel)
-        return str(data["ts"])
+        return await self._adapter.post_piece(self.channel, self.thread_id, text, final, self._request_id)
 
     async def _edit(self, message_id: str, text: str, final: FinalAnswer | None) -> None:
         params: dict[str, Any] = {"channel": self.channel, "ts": message_id, "text": fallback_text(text)}
         if final is not None:
             params["blocks"] = answer_blocks(text, final)
         await self._adapter.call("chat.update", params, channel=self.channel)
+
+
+class _NativeRendering(ReplyStream):
+    """Slack's native streaming through slack_sdk's ``AsyncChatStream``: a plan while context is
+    gathered, task updates per source, then the answer appended as markdown within the
+    ``chat.appendStream`` budget, and ``chat.stopStream`` with the footer and feedback buttons."""
+
+    def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
+        self._adapter = adapter
+        self._message = message
+        self._thread_ts = thread_ts
+        self.channel = message.channel
+        self.limit = min(adapter.settings.message_limit, NATIVE_TEXT_LIMIT)
+        self.edit_interval_s = adapter.settings.edit_interval_s
+        self.stream = AsyncChatStream(
+            adapter.client,
+            channel=message.channel,
+            logger=logging.getLogger("bot.adapters.slack.stream"),
+            thread_ts=thread_ts,
+            buffer_size=1,  # every append is sent; the budget and the edit interval decide when
+            recipient_team_id=message.team or adapter.team_id,
+            recipient_user_id=message.user,
+            task_display_mode="plan",
+        )
+        self._sent = ""
+        self._latest: str | None = None
+        self._broken: str | None = None
+        self._editor: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Future[Any] | None = None
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._started_at = time.monotonic()
+        self._last_append = float("-inf")
+
+    @property
+    def thread_id(self) -> str:
+        return self._thread_ts
+
+    @property
+    def ts(self) -> str | None:
+        """The streamed message's ``ts`` (after :meth:`start`)."""
+        return self.stream.ts
+
+    async def start(self) -> None:
+        """``chat.startStream`` with the plan (the caller holds the ``startStream`` slot)."""
+        with ticket(Priority.ACK):
+            await self.stream.append(
+                chunks=[
+                    {"type": "plan_update", "title": "Looking into it"},
+                    {
+                        "type": "task_update",
+                        "id": "context",
+                        "title": "Cluster context",
+                        "status": "in_progress",
+                    },
+                ]
+            )
+
+    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        chunks: list[dict[str, Any]] = []
+        for i, note in enumerate(sources):
+            failed = note.status not in ("ok", "empty", "skipped")
+            chunk: dict[str, Any] = {
+                "type": "task_update",
+                "id": f"source-{i}",
+                "title": note.name,
+                "status": "error" if failed else "complete",
+            }
+            if failed or note.status == "empty":
+                chunk["output"] = f"{note.status}{': ' + note.detail if note.detail else ''}"[:200]
+            chunks.append(chunk)
+        chunks.append(
+            {"type": "task_update", "id": "context", "title": "Cluster context", "status": "complete"}
+        )
+        try:
+            with ticket(Priority.STREAM, self._started_at):
+                await self.stream.append(chunks=chunks)
+            self._last_append = time.monotonic()
+        except (SlackCallError, SlackRequestError) as exc:  # the footer still lists the sources
+            logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
+
+    async def update(self, text: str) -> None:
+        if self._closed or self._broken:
+            return
+        self._latest = text
+        self._wake.set()
+        if self._editor is None:
+            self._editor = asyncio.create_task(self._append_loop(), name=f"reply-stream-{self.channel}")
+
+    def _stable_delta(self) -> str:
+        """New text to append: only what extends what was sent, up to the last whole word (a word
+        still growing may yet be redacted), within the message limit."""
+        if self._latest is None:
+            return ""
+        shown = _defang(self._latest)
+        if not shown.startswith(self._sent):
+            return ""  # rewritten (redaction): the final message repairs it
+        cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
+        stable = shown[: min(cut, self.limit)]
+        return stable[len(self._sent) :]
+
+    async def _append_loop(self) -> None:
+        budget = self._adapter.budget
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            wait = self._last_append + self.edit_interval_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._closed or not self._stable_delta():
+                continue
+            since = self._started_at if self._last_append == float("-inf") else self._last_append
+            permit = await budget.acquire(
+                "chat.appendStream", self.channel, ticket=Ticket(Priority.STREAM, since)
+            )
+            delta = self._stable_delta()  # the newest text, taken after the wait for a slot
+            if not delta:
+                permit.release()
+                continue
+            with prepaid(permit):
+                self._in_flight = asyncio.ensure_future(self.stream.append(markdown_text=delta))
+            self._in_flight.add_done_callback(release_when_done(permit))
+            try:
+                await asyncio.shield(self._in_flight)
+                self._sent += delta
+            except asyncio.CancelledError:
+                raise
+            except (SlackCallError, SlackRequestError) as exc:
+                self._broken = str(exc)
+                logger.warning(
+                    "slack stream append failed in %s: %s (repaired at the end)", self.channel, exc
+                )
+                return
+            finally:
+                self._last_append = time.monotonic()
+
+    async def finish(self, answer: FinalAnswer) -> None:
+        self._closed = True
+        if self._editor is not None:
+            self._editor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._editor
+        if self._in_flight is not None and not self._in_flight.done():
+            with contextlib.suppress(Exception):
+                await self._in_flight
+            if self._in_flight.exception() is None:
+                # it completed after the loop stopped waiting for it
+                pass
+        chunks = split_text(_defang(answer.text) or "_(empty answer)_", self.limit)
+        single = len(chunks) == 1
+        tag = self._adapter.post_tag(answer.request_id)
+        first = chunks[0]
+        streamed = self._broken is None and first.startswith(self._sent)
+        with ticket(Priority.FINAL):
+            if streamed:
+                try:
+                    await self.stream.stop(
+                        markdown_text=first[len(self._sent) :] or None,
+                        blocks=footer_blocks(answer) if single else None,
+                        metadata=tag,
+                    )
+                except (SlackCallError, SlackRequestError) as exc:
+                    streamed = False
+                    logger.warning(
+                        "slack stream stop failed in %s: %s; replacing the text", self.channel, exc
+                    )
+            if not streamed:
+                await self._repair(first, answer if single else None)
+            for i, chunk in enumerate(chunks[1:], start=1):
+                await self._adapter.post_piece(
+                    self.channel,
+                    self._thread_ts,
+                    markdown_to_mrkdwn(chunk),
+                    answer if i == len(chunks) - 1 else None,
+                    answer.request_id,
+                )
+
+    async def _repair(self, first: str, final: FinalAnswer | None) -> None:
+        """The stream no longer matches the answer (redaction rewrote text, a call failed): stop it
+        if it still streams, then replace its text with a normal ``chat.update``."""
+        if self.stream._state != "completed":  # slack_sdk keeps no public flag for it
+            with contextlib.suppress(SlackCallError, SlackRequestError):
+                await self.stream.stop()
+        mrkdwn = markdown_to_mrkdwn(first)
+        params: dict[str, Any] = {
+            "channel": self.channel,
+            "ts": self.stream.ts,
+            "text": fallback_text(mrkdwn),
+            "blocks": answer_blocks(mrkdwn, final),
+        }
+        await self._adapter.call("chat.update", params, channel=self.channel)
+
+
+class SlackReply(ReplyStream):
+    """One answer in a Slack thread, rendered natively or as post-and-edit (chosen in :meth:`start`)."""
+
+    def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
+        self._adapter = adapter
+        self._message = message
+        self._thread_ts = thread_ts
+        self._rendering: ReplyStream | None = None
+        self.rendering = ""
+        """``native`` or ``edit`` once started."""
+
+    @property
+    def thread_id(self) -> str:
+        return self._thread_ts
+
+    async def start(self) -> None:
+        """Native streaming where this workspace, this message and the ``startStream`` budget allow
+        it; post-and-edit otherwise (or when Slack refuses the stream)."""
+        adapter, message = self._adapter, self._message
+        if adapter.may_stream_natively(message):
+            wait = None if adapter.settings.streaming == "native" else adapter.settings.native_start_wait_s
+            try:
+                permit = await adapter.budget.acquire(
+                    "chat.startStream", message.channel, ticket=Ticket(Priority.ACK), max_wait_s=wait
+                )
+            except BudgetTimeout:
+                logger.info("slack: no chat.startStream slot within %.1f s: post-and-edit", wait or 0.0)
+            else:
+                native = _NativeRendering(adapter, message, self._thread_ts)
+                try:
+                    with prepaid(permit):
+                        await native.start()
+                    self._rendering, self.rendering = native, "native"
+                    return
+                except SlackCallError as exc:
+                    adapter.streaming_refused(message, exc)
+                finally:
+                    permit.release()
+        edit = _EditRendering(adapter, message, self._thread_ts)
+        await edit.start()
+        self._rendering, self.rendering = edit, "edit"
+
+    @property
+    def _r(self) -> ReplyStream:
+        if self._rendering is None:
+            raise RuntimeError("SlackReply.start() was not called")
+        return self._rendering
+
+    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        await self._r.show_sources(sources)
+
+    async def update(self, text: str) -> None:
+        await self._r.update(text)
+
+    async def finish(self, answer: FinalAnswer) -> None:
+        await self._r.finish(answer)
 
 
 class SlackAdapter(ChatAdapter):
@@ -180,25 +651,38 @@ class SlackAdapter(ChatAdapter):
         self.settings = settings
         self.store = store
         self.access = AccessPolicy(settings, PLATFORM)
-        self.pacer = ChannelPacer(interval_s=settings.channel_post_interval_s)
-        # Retries are ours (see `call`): the pacer must see every attempt, so slack-sdk's own
-        # retry handlers are turned off.
-        self.client = AsyncWebClient(
+        self.budget = RateBudget(
+            settings.rate_limits,
+            channel_limits={
+                "chat.postMessage": (settings.channel_post_interval_s, settings.channel_post_burst)
+            },
+            enabled=settings.rate_budgets,
+        )
+        self.client = SlackWebClient(
             token=settings.bot_token.get_secret_value(),
             base_url=settings.api_base_url,
-            retry_handlers=[],
+            rate_budget=self.budget,
+            retry=settings.retry,
         )
         self._verifier = (
             SignatureVerifier(settings.signing_secret.get_secret_value())
             if settings.signing_secret is not None
             else None
         )
-        self._gates = _RetryAfterGates()
         self._submit: MessageSink | None = None
-        self._socket: AsyncSocketModeHandler | None = None
+        self._socket: SocketModeConnections | None = None
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
+        self.team_id: str | None = None
+        self.no_streaming: dict[str, str] = {}
+        """Workspaces (team ids) that refused native streaming, with Slack's error code."""
+        self._assistant_threads: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.app = self._build_app()
+
+    @property
+    def socket(self) -> SocketModeConnections | None:
+        """The Socket Mode connections (socket mode, after :meth:`start`)."""
+        return self._socket
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _build_app(self) -> AsyncApp:
@@ -212,6 +696,7 @@ class SlackAdapter(ChatAdapter):
         )
         app.event("app_mention")(self._on_app_mention)
         app.event("message")(self._on_message)
+        app.event("assistant_thread_started")(self._on_assistant_thread)
         app.command(self.settings.command)(self._on_command)
         app.action(re.compile(rf"^({FEEDBACK_UP}|{FEEDBACK_DOWN}):"))(self._on_feedback)
         return app
@@ -222,34 +707,56 @@ class SlackAdapter(ChatAdapter):
         auth = await self.call("auth.test", {})
         self.bot_user_id = str(auth.get("user_id") or "") or None
         self.bot_id = str(auth.get("bot_id") or "") or None
+        self.team_id = str(auth.get("team_id") or "") or None
+        self.client.bot_id = self.bot_id
         if self.settings.mode == "socket":
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-
             if self.settings.app_token is None:
                 raise ValueError("slack.app_token (xapp-...) is required in socket mode")
-            app_token = self.settings.app_token.get_secret_value()
-            # slack-sdk retries a failing apps.connections.open forever; asking once ourselves
-            # turns a wrong app token into a clear start() error, and the URL is used right away
-            opened = await self.call("apps.connections.open", {}, token=app_token)
-            self._socket = AsyncSocketModeHandler(
-                self.app,
-                app_token=app_token,
-                web_client=self.client,
-                ping_interval=self.settings.socket_ping_interval_s,
-                logger=logging.getLogger("bot.adapters.slack.socket"),
+            self._socket = SocketModeConnections(
+                self.settings, open_url=self._socket_url, handle=self._dispatch_envelope
             )
-            self._socket.client.wss_uri = str(opened["url"])
-            await self._socket.connect_async()  # type: ignore[no-untyped-call]
+            try:
+                await self._socket.start()
+            except BaseException:
+                self._socket = None
+                raise
         elif self._verifier is None:
             raise ValueError("slack.signing_secret is required in http mode")
         logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
 
+    async def _socket_url(self) -> str:
+        assert self.settings.app_token is not None
+        opened = await self.call(
+            "apps.connections.open", {}, token=self.settings.app_token.get_secret_value()
+        )
+        return str(opened["url"])
+
+    async def _dispatch_envelope(self, request: SocketModeRequest) -> dict[str, Any] | None:
+        """One Socket Mode envelope through bolt; the acknowledgement to send (``None``: none)."""
+        bolt_request = AsyncBoltRequest(
+            mode="socket_mode", body=request.payload, headers=build_headers(request)
+        )
+        response = await self.app.async_dispatch(bolt_request)
+        if response.status != 200:
+            logger.info(
+                "slack envelope %s not acknowledged (bolt status %d)", request.envelope_id, response.status
+            )
+            return None
+        ack: dict[str, Any] = {"envelope_id": request.envelope_id}
+        if response.body:
+            content_type = (response.headers.get("content-type") or [""])[0]
+            if content_type.startswith("application/json"):
+                ack["payload"] = json.loads(response.body)
+            else:
+                ack["payload"] = {"text": response.body}
+        return ack
+
     async def stop(self) -> None:
-        """Stop taking messages (close the Socket Mode connection; HTTP events are refused with 503
+        """Stop taking messages (close the Socket Mode connections; HTTP events are refused with 503
         from now on); answers in flight can still post until :meth:`close`."""
         self._submit = None
         if self._socket is not None:
-            await self._socket.close_async()  # type: ignore[no-untyped-call]
+            await self._socket.close()
             self._socket = None
 
     # -- Web API --------------------------------------------------------------------------------
@@ -261,62 +768,147 @@ class SlackAdapter(ChatAdapter):
         channel: str | None = None,
         token: str | None = None,
     ) -> dict[str, Any]:
-        """One Web API call under the retry policy (``slack.retry``, see :mod:`bot.retry`).
-
-        ``token`` replaces the bot token (the app-level token for ``apps.connections.open``).
-        Raises :class:`SlackCallError` (of the branch the failure belongs to) when Slack refuses the
-        call or the policy gives up.
-        """
+        """One Web API call through the transport (rate budget, ``slack.retry``; see
+        :class:`SlackWebClient`). ``token`` replaces the bot token (the app-level token for
+        ``apps.connections.open``). Raises :class:`SlackCallError` (of the branch the failure
+        belongs to) when Slack refuses the call or the policy gives up."""
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        budget = RetryBudget(self.settings.retry)
-        while True:
-            await self._gates.wait(method, channel)
-            http_status: int | None = None
-            wait: float | None = None
-            try:
-                resp = await self.client.api_call(method, json=dict(params), headers=headers)
-                count_chat_call(PLATFORM, method, "ok")
-                return dict(resp.data) if isinstance(resp.data, dict) else {}
-            except SlackApiError as exc:
-                http_status = exc.response.status_code
-                data = exc.response.data
-                error = str(data.get("error", "")) if isinstance(data, dict) else ""
-                detail = error or f"HTTP {http_status}"
-                if http_status != 429 and http_status < 500:
-                    count_chat_call(PLATFORM, method, "rejected")
-                    raise slack_error(method, detail, http_status=http_status) from exc
-                reason = "ratelimited" if http_status == 429 else "server_error"
-                count_chat_call(PLATFORM, method, reason)
-                if http_status == 429:
-                    wait = retry_after_from_headers(exc.response.headers)
-                failure: Exception = exc
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                reason, detail, failure = "connection", type(exc).__name__, exc
-                count_chat_call(PLATFORM, method, reason)
-            try:
-                if reason == "ratelimited":
-                    delay = budget.after_rate_limit(wait, detail)
-                    self._gates.block(method, channel, delay)
-                else:
-                    delay = budget.after_failure(detail)
-            except RetriesExhausted as gave_up:
-                raise slack_error(
-                    method, str(gave_up), http_status=http_status, exhausted=gave_up.reason
-                ) from failure
-            CHAT_API_RETRIES.labels(PLATFORM, method, reason).inc()
-            logger.info(
-                "slack %s retry %d in %.2f s: %s (channel=%s)", method, budget.attempt, delay, detail, channel
-            )
-            await asyncio.sleep(delay)
+        resp = await self.client.api_call(method, json=dict(params), headers=headers)
+        return dict(resp.data) if isinstance(resp.data, dict) else {}
 
-    async def _post_paced(self, params: dict[str, Any]) -> dict[str, Any]:
-        channel = str(params["channel"])
-        async with self.pacer.turn(channel):
-            return await self.call("chat.postMessage", params, channel=channel)
+    def post_tag(self, request_id: str) -> dict[str, Any]:
+        """Message metadata for one new post: request id and a key unique to the post."""
+        return {
+            "event_type": POST_EVENT_TYPE,
+            "event_payload": {"request_id": request_id, "post_key": uuid.uuid4().hex},
+        }
+
+    async def post_piece(
+        self, channel: str, thread_ts: str | None, mrkdwn: str, final: FinalAnswer | None, request_id: str
+    ) -> str:
+        """Post one message of an answer (``final``: the last, with footer and buttons); its ``ts``."""
+        params: dict[str, Any] = {
+            "channel": channel,
+            "text": fallback_text(mrkdwn),
+            "unfurl_links": False,
+            "unfurl_media": False,
+            "metadata": self.post_tag(request_id),
+        }
+        if thread_ts:
+            params["thread_ts"] = thread_ts
+        if final is not None:
+            params["blocks"] = answer_blocks(mrkdwn, final)
+        data = await self.call("chat.postMessage", params, channel=channel)
+        return str(data["ts"])
+
+    async def _post(self, params: dict[str, Any], request_id: str) -> dict[str, Any]:
+        params = {**params, "metadata": self.post_tag(request_id)}
+        return await self.call("chat.postMessage", params, channel=str(params["channel"]))
+
+    async def _quick(
+        self,
+        method: str,
+        params: dict[str, Any],
+        priority: Priority,
+        wait_s: float,
+        *,
+        accept: tuple[str, ...] = (),
+    ) -> bool:
+        """A best-effort call that must never hold an answer up: at most ``wait_s`` for its budget
+        slot and its 429s, one retry; ``True`` when it took effect (``accept``: codes that mean so)."""
+        channel = str(params.get("channel") or params.get("channel_id") or "")
+        policy = RetrySettings(max_retries=1, initial_s=0.2, max_s=1.0, patience_s=max(wait_s, 0.01))
+        try:
+            permit = await self.budget.acquire(method, channel, ticket=Ticket(priority), max_wait_s=wait_s)
+        except BudgetTimeout:
+            logger.info("slack %s skipped: its budget had no slot within %.1f s", method, wait_s)
+            return False
+        try:
+            with prepaid(permit), call_policy(policy):
+                await asyncio.wait_for(self.call(method, params), wait_s + 5.0)
+            return True
+        except SlackCallError as exc:
+            if exc.error in accept:
+                return True
+            logger.info("slack %s failed: %s", method, exc)
+        except TimeoutError:
+            logger.info("slack %s took too long; given up", method)
+        finally:
+            permit.release()
+        return False
+
+    # -- native streaming ------------------------------------------------------------------------
+    def may_stream_natively(self, message: IncomingMessage) -> bool:
+        """Whether ``message``'s answer may try ``chat.startStream`` (settings, workspace, asker)."""
+        if self.settings.streaming == "edit" or message.kind is MessageKind.ALERT:
+            return False
+        if (message.team or self.team_id or "") in self.no_streaming:
+            return False
+        return bool(message.user) and message.user[:1] in ("U", "W")
+
+    def streaming_refused(self, message: IncomingMessage, exc: SlackCallError) -> None:
+        """Slack refused ``chat.startStream``: remember a workspace-wide refusal, log the rest."""
+        team = message.team or self.team_id or ""
+        if exc.error in STREAM_UNAVAILABLE:
+            self.no_streaming[team] = exc.error
+            logger.warning(
+                "slack workspace %s cannot stream natively (%s): post-and-edit from now on", team, exc.error
+            )
+        else:
+            logger.info(
+                "slack native stream refused in %s (%s): post-and-edit for this answer", message.channel, exc
+            )
+
+    # -- sign of life ------------------------------------------------------------------------------
+    async def acknowledge(self, message: IncomingMessage) -> None:
+        """A reaction on the asking message (the thread status in an assistant thread), at once."""
+        if message.kind in (MessageKind.COMMAND, MessageKind.ALERT) or not message.message_id:
+            return
+        s = self.settings
+        if (message.channel, message.thread_id or "") in self._assistant_threads:
+            params = {"channel_id": message.channel, "thread_ts": message.thread_id, "status": _THREAD_STATUS}
+            if await self._quick("assistant.threads.setStatus", params, Priority.ACK, s.ack_wait_s):
+                message.extra[_SIGN] = "status"
+        elif s.ack_reaction:
+            params = {"channel": message.channel, "name": s.ack_reaction, "timestamp": message.message_id}
+            if await self._quick(
+                "reactions.add", params, Priority.ACK, s.ack_wait_s, accept=("already_reacted",)
+            ):
+                message.extra[_SIGN] = "reaction"
+
+    async def conclude(self, message: IncomingMessage, *, ok: bool) -> None:
+        """Swap the sign of life for the done / failed reaction (or clear the thread status)."""
+        sign = message.extra.get(_SIGN)
+        if sign is None:
+            return
+        s = self.settings
+        wait = s.conclude_wait_s if self._submit is not None else 0.0  # stopping: no waiting
+        if sign == "status":
+            params = {"channel_id": message.channel, "thread_ts": message.thread_id, "status": ""}
+            await self._quick("assistant.threads.setStatus", params, Priority.BACKGROUND, wait)
+            return
+        target = {"channel": message.channel, "timestamp": message.message_id}
+        await self._quick(
+            "reactions.remove",
+            {**target, "name": s.ack_reaction},
+            Priority.BACKGROUND,
+            wait,
+            accept=("no_reaction",),
+        )
+        mark = s.done_reaction if ok else s.failed_reaction
+        if mark:
+            await self._quick(
+                "reactions.add",
+                {**target, "name": mark},
+                Priority.BACKGROUND,
+                wait,
+                accept=("already_reacted",),
+            )
 
     # -- ChatAdapter ---------------------------------------------------------------------------
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:
-        """Placeholder in the message's thread; ``/rca`` first gets a channel message to thread under."""
+        """The answer's stream in the message's thread; ``/rca`` first gets a channel message to
+        thread under."""
         try:
             thread_ts = message.thread_id
             if thread_ts is None:
@@ -328,7 +920,8 @@ class SlackAdapter(ChatAdapter):
                 text = (
                     f"{who} asked `{self.settings.command}`:\n{quoted}" if quote else f"{who} asked for help"
                 )
-                data = await self._post_paced({"channel": message.channel, "text": text})
+                with ticket(Priority.ACK):
+                    data = await self._post({"channel": message.channel, "text": text}, message.request_id)
                 thread_ts = str(data["ts"])
                 message.thread_id = thread_ts
             reply = SlackReply(self, message, thread_ts)
@@ -353,7 +946,7 @@ class SlackAdapter(ChatAdapter):
                 thread = message.thread_id or message.message_id
                 if thread:
                     params["thread_ts"] = thread
-                await self._post_paced(params)
+                await self._post(params, message.request_id)
         except SlackCallError as exc:
             REPLIES_FAILED.labels(PLATFORM).inc()
             logger.error(
@@ -368,7 +961,7 @@ class SlackAdapter(ChatAdapter):
         params: dict[str, Any] = {"channel": channel, "text": fallback_text(markdown_to_mrkdwn(text))}
         if thread_id:
             params["thread_ts"] = thread_id
-        data = await self._post_paced(params)
+        data = await self._post(params, "alert")
         return str(data["ts"])
 
     # -- HTTP mode -----------------------------------------------------------------------------
@@ -417,15 +1010,19 @@ class SlackAdapter(ChatAdapter):
 
     # -- inbound ------------------------------------------------------------------------------
     async def _on_app_mention(self, event: dict[str, Any], body: dict[str, Any]) -> None:
-        if self._is_own(event):
+        if self._ignored(event):
             return
         message = self._normalise(event, body, MessageKind.MENTION)
         if message is not None:
             self._hand_over(message)
 
     async def _on_message(self, event: dict[str, Any], body: dict[str, Any]) -> None:
-        # every subtype is skipped: edits, deletions, joins, bot messages, ...
-        if event.get("subtype") or self._is_own(event) or not event.get("user"):
+        # every subtype is skipped (edits, deletions, joins, ...) but bot_message, which the bot
+        # policy decides: an allow-listed integration is answered like a person
+        subtype = event.get("subtype")
+        if (subtype and subtype != "bot_message") or self._ignored(event):
+            return
+        if not (event.get("user") or event.get("bot_id")):
             return
         channel = str(event.get("channel", ""))
         ts = str(event.get("ts", ""))
@@ -480,6 +1077,29 @@ class SlackAdapter(ChatAdapter):
             await self.store.record_feedback(request_id, PLATFORM, user, value)
             logger.info("slack feedback: request_id=%s user=%s value=%d", request_id, user, value)
 
+    async def _on_assistant_thread(self, event: dict[str, Any]) -> None:
+        thread = event.get("assistant_thread") or {}
+        key = (str(thread.get("channel_id", "")), str(thread.get("thread_ts", "")))
+        if all(key):
+            self._assistant_threads[key] = None
+            while len(self._assistant_threads) > _ASSISTANT_THREADS_MAX:
+                self._assistant_threads.popitem(last=False)
+
+    def _ignored(self, event: Mapping[str, Any]) -> bool:
+        """Our own messages, and bots' that ``allowed_bots`` does not name (:mod:`bot.access`)."""
+        if self._is_own(event):
+            return True
+        author = slack_author(event)
+        if self.access.ignores_bot(author):
+            logger.debug(
+                "slack: ignored a %s message from %s in %s",
+                author.form,
+                "/".join(author.ids + author.names),
+                event.get("channel"),
+            )
+            return True
+        return False
+
     def _is_own(self, event: Mapping[str, Any]) -> bool:
         if event.get("bot_id") and event.get("bot_id") == self.bot_id:
             return True
@@ -490,7 +1110,7 @@ class SlackAdapter(ChatAdapter):
     ) -> IncomingMessage | None:
         channel = str(event.get("channel", ""))
         ts = str(event.get("ts", ""))
-        user = str(event.get("user", ""))
+        user = str(event.get("user") or event.get("bot_id") or "")
         if not channel or not ts or not user:
             return None
         text = str(event.get("text", ""))

@@ -1,7 +1,8 @@
 """What every chat platform shares when streaming an answer: splitting, pacing, throttled edits.
 
 Platforms differ in their API calls and markup, not in the shape of a streamed reply: post a
-placeholder at once, edit it as text arrives (at most once per ``edit_interval_s``, the newest
+placeholder at once (or, once a sign of life was shown, the first text), edit it as text arrives
+(at most once per ``edit_interval_s`` per message and within the app-wide rate budget, the newest
 text wins), then split the final text at paragraph or code-block boundaries and edit / post the
 pieces, the last one carrying the footer. Subclasses supply ``_post`` and ``_edit``.
 """
@@ -15,9 +16,10 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 from bot.adapters.base import ReplyStream
+from bot.adapters.ratelimit import Priority, RateBudget, Ticket, prepaid, release_when_done, ticket
 from bot.types import FinalAnswer
 
 logger = logging.getLogger(__name__)
@@ -117,43 +119,40 @@ def _pack_lines(lines: list[str], limit: int) -> list[str]:
     return out
 
 
-@dataclass
 class ChannelPacer:
-    """Keeps new posts to one channel at least ``interval_s`` apart (platform rate limits).
+    """Keeps new posts to one channel at least ``interval_s`` apart: a per-channel bucket of one of
+    :mod:`bot.adapters.ratelimit` (the next post starts ``interval_s`` after the previous one
+    *completed*, so the platform never sees two closer together)."""
 
-    The turn is held for the whole post, retries included, and the next one starts no earlier
-    than ``interval_s`` after the previous one completed, so the platform never sees two
-    accepted posts to a channel closer than the interval.
-    """
-
-    interval_s: float = 1.0
-    clock: Callable[[], float] = time.monotonic
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    _last: dict[str, float] = field(default_factory=dict)
+    def __init__(self, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._budget = RateBudget(channel_limits={"post": (interval_s, 1)}, clock=clock)
 
     @contextlib.asynccontextmanager
     async def turn(self, channel: str) -> AsyncIterator[None]:
         """Wait for ``channel``'s turn, then hold it while the caller posts."""
-        lock = self._locks.setdefault(channel, asyncio.Lock())
-        async with lock:
-            last = self._last.get(channel)
-            if last is not None:
-                delay = last + self.interval_s - self.clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            try:
-                yield
-            finally:
-                self._last[channel] = self.clock()
+        async with self._budget.slot("post", channel):
+            yield
 
 
 class StreamingReply(ReplyStream):
-    """A streamed answer as a placeholder that is edited, then split into final messages.
+    """A streamed answer as a message that is edited, then split into final messages.
 
-    Edits run in a background task so the engine's stream is never slowed by chat API latency;
-    intermediate edits that fail are logged and skipped (the final edit repairs them), while a
-    final edit or post that fails raises the adapter's :class:`~bot.errors.PlatformError`.
+    Edits run in a background task so the engine's stream is never slowed by chat API latency.
+    Each edit waits at least ``edit_interval_s`` after the previous one on this message, then for
+    a slot of the app-wide ``budget`` (streaming priority, oldest stream first), and only then
+    takes the newest text, so an edit that waited long still shows the latest words. Intermediate
+    edits that fail are logged and skipped (the final edit repairs them); a final edit or post
+    that fails raises the adapter's :class:`~bot.errors.PlatformError`.
+
+    ``post_placeholder=False`` (a sign of life was already shown elsewhere): nothing is posted
+    until there is text, and an answer that is complete before then is posted once, final.
     """
+
+    edit_method = "edit"
+    """Budget name of an edit (``chat.update``, ``PUT /posts/{id}/patch``)."""
+    post_method = "post"
+    """Budget name of a new message (``chat.postMessage``, ``POST /posts``): per channel too."""
 
     def __init__(
         self,
@@ -163,7 +162,9 @@ class StreamingReply(ReplyStream):
         limit: int,
         edit_interval_s: float = 1.0,
         pacer: ChannelPacer | None = None,
+        budget: RateBudget | None = None,
         placeholder: str = "_thinking…_",
+        post_placeholder: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.channel = channel
@@ -171,14 +172,17 @@ class StreamingReply(ReplyStream):
         self.limit = limit
         self.edit_interval_s = edit_interval_s
         self.pacer = pacer
+        self.budget = budget
         self.placeholder = placeholder
+        self.post_placeholder = post_placeholder
         self.clock = clock
         self.message_ids: list[str] = []
         self._latest: str | None = None
         self._shown: str | None = None
         self._last_edit = float("-inf")
+        self._started_at = clock()
         self._editor: asyncio.Task[None] | None = None
-        self._in_flight: asyncio.Future[None] | None = None
+        self._in_flight: asyncio.Future[Any] | None = None
         self._wake = asyncio.Event()
         self._closed = False
 
@@ -205,13 +209,16 @@ class StreamingReply(ReplyStream):
 
     # -- the shared flow --------------------------------------------------------------------
     async def start(self) -> None:
-        """Post the placeholder (paced per channel)."""
-        message_id = await self._paced_post(self.placeholder, None)
+        """Post the placeholder (paced per channel), unless it is deferred to the first text."""
+        if not self.post_placeholder:
+            return
+        with ticket(Priority.ACK):
+            message_id = await self._paced_post(self.placeholder, None)
         self.message_ids.append(message_id)
         self._last_edit = self.clock()
 
     async def update(self, text: str) -> None:
-        if self._closed or not self.message_ids:
+        if self._closed or (self.post_placeholder and not self.message_ids):
             return
         self._latest = text
         self._wake.set()
@@ -225,18 +232,33 @@ class StreamingReply(ReplyStream):
             wait = self._last_edit + self.edit_interval_s - self.clock()
             if wait > 0:
                 await asyncio.sleep(wait)
-            text = self._latest
-            if text is None or text == self._shown or self._closed:
+            if self._latest is None or self._latest == self._shown or self._closed:
                 continue
+            posting = not self.message_ids
+            method = self.post_method if posting else self.edit_method
+            # The stream that waited longest since its last edit goes first among streams.
+            since = self._started_at if self._last_edit == float("-inf") else self._last_edit
+            permit = None
+            if self.budget is not None:
+                permit = await self.budget.acquire(
+                    method, self.channel, ticket=Ticket(Priority.STREAM, since)
+                )
+            text = self._latest  # the newest text, taken after the wait for a slot
             shown = self._format(text)
             if len(shown) + len(STREAMING_CURSOR) > self.limit:
                 shown = shown[: self.limit - len(STREAMING_CURSOR) - 1] + "…"
             # The next edit waits a full interval after this one *completed*: the platform saw this
             # one no later than that, so it never sees two closer than the interval. The call runs
             # as its own task so that finish() can stop this loop without cutting a request in half.
-            self._in_flight = asyncio.ensure_future(
-                self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
-            )
+            with prepaid(permit):
+                if posting:
+                    self._in_flight = asyncio.ensure_future(self._post_first(shown + STREAMING_CURSOR))
+                else:
+                    self._in_flight = asyncio.ensure_future(
+                        self._edit(self.message_ids[0], shown + STREAMING_CURSOR, None)
+                    )
+            if permit is not None:  # the transport releases it when the call completes; else here
+                self._in_flight.add_done_callback(release_when_done(permit))
             try:
                 await asyncio.shield(self._in_flight)
                 self._shown = text
@@ -251,6 +273,9 @@ class StreamingReply(ReplyStream):
                 # enough) or still running (finish() waits for it and takes the time again).
                 self._last_edit = self.clock()
 
+    async def _post_first(self, text: str) -> None:
+        self.message_ids.append(await self._paced_post(text, None))
+
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
         if self._editor is not None:
@@ -262,15 +287,19 @@ class StreamingReply(ReplyStream):
                 await self._in_flight
             self._last_edit = self.clock()
         chunks = split_text(self._format(answer.text) or "_(empty answer)_", self._final_limit(answer))
-        wait = self._last_edit + self.edit_interval_s - self.clock()
-        if wait > 0:  # the final edit respects the per-message edit rate too
-            await asyncio.sleep(wait)
         last = len(chunks) - 1
-        await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
-        if self.first_visible_at is None:
-            self.first_visible_at = time.perf_counter()
-        for i, chunk in enumerate(chunks[1:], start=1):
-            self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
+        with ticket(Priority.FINAL):
+            if self.message_ids:
+                wait = self._last_edit + self.edit_interval_s - self.clock()
+                if wait > 0:  # the final edit respects the per-message edit rate too
+                    await asyncio.sleep(wait)
+                await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
+            else:  # nothing shown yet: the first message is posted complete
+                self.message_ids.append(await self._paced_post(chunks[0], answer if last == 0 else None))
+            if self.first_visible_at is None:
+                self.first_visible_at = time.perf_counter()
+            for i, chunk in enumerate(chunks[1:], start=1):
+                self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
 
     async def _paced_post(self, text: str, final: FinalAnswer | None) -> str:
         if self.pacer is None:

@@ -27,6 +27,16 @@ SHORT = {"max_tokens": 8}
 """Every scenario answers in a few tokens: the tests are about delivery, not content."""
 
 
+PINNED: dict[str, Any] = {"streaming": "edit", "post_placeholder": "always", "channel_post_burst": 1}
+"""Settings the older delivery tests were written for (before native streaming and burst posting)."""
+DEFAULTS: dict[str, Any] = {
+    "streaming": SlackSettings.model_fields["streaming"].default,
+    "post_placeholder": SlackSettings.model_fields["post_placeholder"].default,
+    "channel_post_burst": SlackSettings.model_fields["channel_post_burst"].default,
+}
+"""The shipped defaults of the pinned settings: ``make_bot(**DEFAULTS)`` runs opsbot as shipped."""
+
+
 def slack_settings(fake: FakeSlack, mode: str = "socket", **overrides: Any) -> SlackSettings:
     values: dict[str, Any] = {
         "enabled": True,
@@ -37,6 +47,9 @@ def slack_settings(fake: FakeSlack, mode: str = "socket", **overrides: Any) -> S
         "api_base_url": fake.api_url,
         "socket_ping_interval_s": 0.5,
         "retry": {"initial_s": 0.05},
+        # The delivery mechanics the older tests pin down: post-and-edit, a placeholder at once,
+        # one post per interval per channel. Tests of the defaults pass ``**DEFAULTS``.
+        **PINNED,
     }
     values.update(overrides)
     return SlackSettings(**values)

@@ -1,17 +1,28 @@
 """A fake Slack that speaks the real wire protocol, for the real slack-sdk / slack-bolt clients.
 
-Web API (``POST /api/<method>``): ``auth.test``, ``apps.connections.open``, ``chat.postMessage``,
-``chat.update``, ``chat.postEphemeral``, ``conversations.replies`` with Slack's JSON envelopes
-(``{"ok": true, ...}`` / ``{"ok": false, "error": "..."}``) and error codes. Faults are chosen per
-request by :class:`FaultRule` s the test sets: ``429`` + ``Retry-After`` (``ratelimited``), ``500``
-with an HTML body, or a dropped connection. Every call is recorded with the fake's own monotonic
-timestamp (:attr:`FakeSlack.calls`).
+Web API (``POST /api/<method>``): ``auth.test``, ``apps.connections.open``, ``chat.postMessage``
+(with message ``metadata``), ``chat.update``, ``chat.postEphemeral``, ``chat.startStream`` /
+``chat.appendStream`` / ``chat.stopStream`` (markdown and ``task_update`` / ``plan_update`` chunks,
+the recipient rules of channels, the streaming state), ``reactions.add`` / ``reactions.remove``,
+``assistant.threads.setStatus``, ``conversations.replies`` / ``conversations.history`` (metadata
+with ``include_all_metadata``, ``oldest``), with Slack's JSON envelopes (``{"ok": true, ...}`` /
+``{"ok": false, "error": "..."}``) and error codes.
+
+Rate limits as Slack publishes them (:data:`TIERS`): a token bucket per method per app and one per
+channel for ``chat.postMessage``; an empty bucket answers ``429`` + ``Retry-After`` (error
+``ratelimited``), and every call that arrives while a method's ``Retry-After`` still runs is marked
+(:attr:`ApiCall.inside_retry_after`). Faults are chosen per request by :class:`FaultRule` s the test
+sets: ``429`` + ``Retry-After`` (``ratelimited``), ``500`` with an HTML body, or a dropped
+connection. Every call is recorded with the fake's own monotonic timestamp (:attr:`FakeSlack.calls`).
 
 Socket Mode: ``apps.connections.open`` returns a ``ws://`` URL on this server; the websocket sends
 ``hello``, delivers envelopes (``events_api``, ``slash_commands``, ``interactive``), records acks by
 ``envelope_id`` and redelivers unacked envelopes (``retry_attempt`` / ``retry_reason``) when their
 connection drops or after ``redeliver_after_s``. :meth:`FakeSlack.disconnect` sends
-``{"type": "disconnect", "reason": "refresh_requested"}`` and can drop the socket.
+``{"type": "disconnect", "reason": "refresh_requested"}`` and can drop the socket;
+:meth:`FakeSlack.stall` makes the open connections half-open (nothing is sent or read on them, pings
+go unanswered, and the server keeps routing envelopes into them until :meth:`FakeSlack.unstall`).
+At most 10 connections per app (``too_many_websockets`` beyond).
 
 HTTP mode: :meth:`FakeSlack.post_to_app` signs (v0 scheme) and POSTs events, slash commands and
 interactions to the app's URL, with ``X-Slack-Retry-Num`` / ``X-Slack-Retry-Reason`` when asked.
@@ -25,7 +36,9 @@ import hashlib
 import hmac
 import itertools
 import json
+import math
 import random
+import re
 import time
 import urllib.parse
 import uuid
@@ -37,6 +50,51 @@ import aiohttp
 from aiohttp import web
 
 CHAT_METHODS = frozenset({"chat.postMessage", "chat.update", "chat.postEphemeral"})
+STREAM_METHODS = frozenset({"chat.startStream", "chat.appendStream", "chat.stopStream"})
+
+TIERS: dict[str, tuple[float, int]] = {
+    # method: (most calls in any 60 s window, calls allowed at once), per app per workspace, from
+    # Slack's method reference (Tier 2: 20+ per minute, Tier 3: 50+, Tier 4: 100+)
+    "chat.update": (50, 10),
+    "chat.appendStream": (100, 20),
+    "chat.startStream": (20, 5),
+    "chat.stopStream": (20, 5),
+    "chat.postEphemeral": (100, 20),
+    "chat.postMessage": (300, 30),
+    "reactions.add": (50, 40),
+    "reactions.remove": (20, 10),
+    "conversations.replies": (50, 10),
+    "conversations.history": (50, 10),
+    "assistant.threads.setStatus": (100, 40),
+    "apps.connections.open": (50, 10),
+}
+"""The published tiers the fake enforces (the burst is the share of the minute allowed at once)."""
+CHANNEL_POST: tuple[float, int] = (1.0, 3)
+"""``chat.postMessage`` per channel: one per second, short bursts allowed."""
+MAX_SOCKETS = 10
+"""Socket Mode connections one app may hold."""
+_REACTION_NAME = re.compile(r"^[a-z0-9_+'-]+$")
+_CHUNK_STATUSES = {"pending", "in_progress", "complete", "error"}
+
+
+class TokenBucket:
+    """The server's bucket: ``burst`` tokens, refilled so no 60 s window exceeds ``per_minute``."""
+
+    def __init__(self, per_minute: float, burst: int, refill_s: float | None = None) -> None:
+        self.capacity = float(burst)
+        self.refill_s = refill_s if refill_s is not None else 60.0 / (per_minute - burst)
+        self.tokens = float(burst)
+        self.at: float | None = None
+
+    def take(self, now: float) -> float:
+        """Take a token (0.0) or say how many seconds until one is there (nothing taken)."""
+        if self.at is not None:
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) / self.refill_s)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) * self.refill_s
 
 
 @dataclass
@@ -93,11 +151,15 @@ class ApiCall:
     ok: bool = True
     error: str | None = None
     fault: str | None = None
+    """``ratelimited`` / ``server_error`` / ``dropped`` (a :class:`FaultRule`), or ``tier`` (a 429
+    from the published rate limits)."""
     retry_after_s: int | None = None
+    inside_retry_after: bool = False
+    """The call arrived while a ``Retry-After`` the fake gave for its method was still running."""
 
     @property
     def channel(self) -> str | None:
-        value = self.params.get("channel")
+        value = self.params.get("channel") or self.params.get("channel_id")
         return str(value) if value is not None else None
 
 
@@ -115,8 +177,21 @@ class FakeMessage:
     posted_at: float = 0.0
     edits: list[tuple[float, str, list[dict[str, Any]] | None]] = field(default_factory=list)
     """``(fake clock, text, blocks)`` of every accepted ``chat.update``."""
+    metadata: dict[str, Any] | None = None
+    streaming: bool = False
+    """Started by ``chat.startStream`` and not stopped yet."""
+    streamed: bool = False
+    """Made by ``chat.startStream`` (a natively streamed message)."""
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    """Task and plan chunks a stream received, in order."""
+    appends: list[tuple[float, str]] = field(default_factory=list)
+    """``(fake clock, markdown)`` of every accepted ``chat.appendStream``."""
+    reactions: dict[str, list[str]] = field(default_factory=dict)
+    """Reaction name -> users who reacted."""
+    reaction_log: list[tuple[float, str, str]] = field(default_factory=list)
+    """``(fake clock, "add" | "remove", name)`` of the bot's reaction calls that took effect."""
 
-    def to_api(self) -> dict[str, Any]:
+    def to_api(self, *, metadata: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "message", "ts": self.ts, "text": self.text, "user": self.user}
         if self.thread_ts:
             out["thread_ts"] = self.thread_ts
@@ -124,6 +199,12 @@ class FakeMessage:
             out["bot_id"] = self.bot_id
         if self.blocks is not None:
             out["blocks"] = self.blocks
+        if self.reactions:
+            out["reactions"] = [
+                {"name": n, "users": list(u), "count": len(u)} for n, u in self.reactions.items() if u
+            ]
+        if metadata and self.metadata is not None:
+            out["metadata"] = self.metadata
         return out
 
 
@@ -157,6 +238,16 @@ class Envelope:
 
 
 @dataclass
+class SocketRecord:
+    """One Socket Mode connection's life on the fake's clock."""
+
+    number: int
+    hello_at: float
+    stalled_at: float | None = None
+    closed_at: float | None = None
+
+
+@dataclass
 class AppPost:
     """One HTTP-mode request the fake made to the app, with the app's answer."""
 
@@ -183,7 +274,13 @@ class FakeSlack:
         redeliver_after_s: float | None = None,
         max_redeliveries: int = 3,
         clock: Callable[[], float] = time.monotonic,
+        tiers: dict[str, tuple[float, int]] | None = None,
+        channel_post: tuple[float, int] | None = CHANNEL_POST,
+        stream_error: str | None = None,
     ) -> None:
+        """``tiers`` / ``channel_post``: the rate limits enforced (``{}`` / ``None``: none);
+        ``stream_error``: what the ``chat.*Stream`` methods answer in a workspace without them
+        (``unknown_method``, ``not_allowed_token_type``, ...; ``None``: they work)."""
         self.bot_token = bot_token
         self.app_token = app_token
         self.signing_secret = signing_secret
@@ -201,13 +298,24 @@ class FakeSlack:
         self.envelopes: dict[str, Envelope] = {}
         self.app_posts: list[AppPost] = []
         self.connections_opened = 0
+        self.tiers = dict(TIERS if tiers is None else tiers)
+        self.channel_post = channel_post
+        self.stream_error = stream_error
+        self._buckets: dict[str, TokenBucket] = {}
+        self._limited_until: dict[str, float] = {}
+        self.thread_statuses: list[tuple[float, str, str, str]] = []
+        """``(fake clock, channel, thread_ts, status)`` of every ``assistant.threads.setStatus``."""
+        self.socket_log: list[SocketRecord] = []
+        """Every Socket Mode connection: when it said hello, stalled and closed (fake clock)."""
+        self._records: dict[int, SocketRecord] = {}
         self._sockets: dict[int, web.WebSocketResponse] = {}
+        self._stalled: set[int] = set()
         self._tickets: set[str] = set()
         self._conn_ids = itertools.count(1)
         self._rr = itertools.count()
         self._pending: list[Envelope] = []
         self._ts_seq = itertools.count(1)
-        self._base_ts = int(time.time())
+        self._last_ts = 0.0
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -254,8 +362,10 @@ class FakeSlack:
 
     # -- the workspace ------------------------------------------------------------------------
     def new_ts(self) -> str:
-        """A unique, increasing Slack message timestamp."""
-        return f"{self._base_ts}.{next(self._ts_seq):06d}"
+        """A unique, increasing Slack message timestamp (the server's clock, microseconds)."""
+        next(self._ts_seq)
+        self._last_ts = max(time.time(), self._last_ts + 1e-6)
+        return f"{self._last_ts:.6f}"
 
     def find(self, channel: str, ts: str) -> FakeMessage | None:
         for msg in self.messages.get(channel, []):
@@ -414,6 +524,18 @@ class FakeSlack:
         call = ApiCall(method=method, params=params, at=self.clock())
         self.calls.append(call)
         try:
+            call.inside_retry_after = call.at < self._limited_until.get(method, -math.inf)
+            wait = self._rate_limit(method, call.channel, call.at)
+            if wait > 0:
+                retry_after = max(1, math.ceil(wait))
+                self._limited_until[method] = max(self._limited_until.get(method, 0.0), call.at + retry_after)
+                call.ok, call.fault, call.status = False, "tier", 429
+                call.error, call.retry_after_s = "ratelimited", retry_after
+                return web.json_response(
+                    {"ok": False, "error": "ratelimited"},
+                    status=429,
+                    headers={"Retry-After": str(retry_after)},
+                )
             for rule in self.rules:
                 fault = rule.draw(method)
                 if fault is None:
@@ -422,6 +544,9 @@ class FakeSlack:
                 call.ok = False
                 if fault == "ratelimited":
                     call.status, call.error, call.retry_after_s = 429, "ratelimited", rule.retry_after_s
+                    self._limited_until[method] = max(
+                        self._limited_until.get(method, 0.0), call.at + rule.retry_after_s
+                    )
                     return web.json_response(
                         {"ok": False, "error": "ratelimited"},
                         status=429,
@@ -444,6 +569,39 @@ class FakeSlack:
             return web.json_response(result)
         finally:
             await self._notify()
+
+    def _rate_limit(self, method: str, channel: str | None, now: float) -> float:
+        """Seconds until the call would be allowed (0: allowed now, its tokens are taken)."""
+        waits: list[float] = []
+        tier = self.tiers.get(method)
+        buckets: list[TokenBucket] = []
+        if tier is not None:
+            buckets.append(self._buckets.setdefault(method, TokenBucket(*tier)))
+        if method == "chat.postMessage" and channel and self.channel_post is not None:
+            refill, burst = self.channel_post
+            buckets.append(self._buckets.setdefault(f"{method}#{channel}", TokenBucket(0, burst, refill)))
+        taken: list[TokenBucket] = []
+        for bucket in buckets:
+            wait = bucket.take(now)
+            if wait > 0:
+                waits.append(wait)
+            else:
+                taken.append(bucket)
+        if waits:  # a refused call takes nothing from any bucket
+            for bucket in taken:
+                bucket.tokens += 1.0
+            return max(waits)
+        return 0.0
+
+    def calls_per_window(self, method: str, window_s: float = 60.0) -> int:
+        """The most accepted calls of ``method`` inside any ``window_s`` window."""
+        times = sorted(c.at for c in self.calls if c.method == method and c.ok)
+        best, j = 0, 0
+        for i, t in enumerate(times):
+            while times[j] <= t - window_s:
+                j += 1
+            best = max(best, i - j + 1)
+        return best
 
     def _dispatch(self, method: str, params: dict[str, Any], auth: str) -> dict[str, Any]:
         token = auth.removeprefix("Bearer ").strip() or str(params.get("token", ""))
@@ -469,6 +627,13 @@ class FakeSlack:
             "chat.update": self._update,
             "chat.postEphemeral": self._post_ephemeral,
             "conversations.replies": self._replies,
+            "conversations.history": self._history,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
+            "reactions.add": self._reaction_add,
+            "reactions.remove": self._reaction_remove,
+            "assistant.threads.setStatus": self._set_status,
         }.get(method)
         if handler is None:
             return {"ok": False, "error": "unknown_method"}
@@ -517,6 +682,14 @@ class FakeSlack:
         error = self._check_content(params)
         if error:
             return {"ok": False, "error": error}
+        metadata = params.get("metadata")
+        if isinstance(metadata, str):  # form-encoded calls send it as a JSON string
+            try:
+                metadata = json.loads(metadata)
+            except ValueError:
+                return {"ok": False, "error": "invalid_metadata_format"}
+        if metadata is not None and not self._metadata_ok(metadata):
+            return {"ok": False, "error": "invalid_metadata_format"}
         thread_ts = params.get("thread_ts") or None
         msg = FakeMessage(
             channel=str(channel),
@@ -527,9 +700,199 @@ class FakeSlack:
             blocks=params.get("blocks"),
             bot_id=self.bot_id,
             posted_at=self.clock(),
+            metadata=metadata,
         )
         self.messages.setdefault(msg.channel, []).append(msg)
         return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": msg.to_api()}
+
+    @staticmethod
+    def _metadata_ok(metadata: Any) -> bool:
+        return (
+            isinstance(metadata, dict)
+            and isinstance(metadata.get("event_type"), str)
+            and isinstance(metadata.get("event_payload"), dict)
+        )
+
+    @staticmethod
+    def _chunks_error(chunks: Any) -> str | None:
+        if chunks is None:
+            return None
+        if not isinstance(chunks, list):
+            return "invalid_chunks"
+        for chunk in chunks:
+            if not isinstance(chunk, dict):
+                return "invalid_chunks"
+            kind = chunk.get("type")
+            if kind == "markdown_text":
+                if not isinstance(chunk.get("text"), str):
+                    return "invalid_chunks"
+                if len(chunk["text"]) > 12_000:
+                    return "msg_too_long"
+            elif kind == "task_update":
+                if not chunk.get("id") or not chunk.get("title") or chunk.get("status") not in _CHUNK_STATUSES:
+                    return "invalid_chunks"
+            elif kind == "plan_update":
+                if not chunk.get("title"):
+                    return "invalid_chunks"
+            else:
+                return "invalid_chunks"
+        return None
+
+    @staticmethod
+    def _stream_text(params: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        """Markdown and task / plan chunks of one stream call."""
+        text = str(params.get("markdown_text") or "")
+        others: list[dict[str, Any]] = []
+        for chunk in params.get("chunks") or []:
+            if chunk.get("type") == "markdown_text":
+                text += chunk["text"]
+            else:
+                others.append(chunk)
+        return text, others
+
+    def _stream_message(self, params: dict[str, Any]) -> tuple[FakeMessage | None, str | None]:
+        channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
+        if not channel:
+            return None, "channel_not_found"
+        msg = self.find(channel, ts)
+        if msg is None:
+            return None, "message_not_found"
+        if msg.bot_id != self.bot_id:
+            return None, "message_not_owned_by_app"
+        if not msg.streaming:
+            return None, "message_not_in_streaming_state"
+        return msg, None
+
+    def _start_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.stream_error:
+            return {"ok": False, "error": self.stream_error}
+        channel = str(params.get("channel") or "")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        thread_ts = params.get("thread_ts")
+        if not thread_ts or self.find(channel, str(thread_ts)) is None:
+            return {"ok": False, "error": "invalid_arguments" if not thread_ts else "cannot_reply_to_message"}
+        if not channel.startswith("D"):  # streaming into a channel names who the stream is for
+            if not params.get("recipient_team_id"):
+                return {"ok": False, "error": "missing_recipient_team_id"}
+            if not params.get("recipient_user_id"):
+                return {"ok": False, "error": "missing_recipient_user_id"}
+        if params.get("task_display_mode") not in (None, "timeline", "plan"):
+            return {"ok": False, "error": "invalid_arguments"}
+        error = self._chunks_error(params.get("chunks"))
+        if error:
+            return {"ok": False, "error": error}
+        text, others = self._stream_text(params)
+        if not text and not others:
+            return {"ok": False, "error": "no_text"}
+        if len(text) > 12_000:
+            return {"ok": False, "error": "msg_too_long"}
+        msg = FakeMessage(
+            channel=channel,
+            ts=self.new_ts(),
+            text=text,
+            user=self.bot_user_id,
+            thread_ts=str(thread_ts),
+            bot_id=self.bot_id,
+            posted_at=self.clock(),
+            streaming=True,
+            streamed=True,
+            chunks=others,
+        )
+        self.messages.setdefault(channel, []).append(msg)
+        return {"ok": True, "channel": channel, "ts": msg.ts}
+
+    def _append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.stream_error:
+            return {"ok": False, "error": self.stream_error}
+        msg, error = self._stream_message(params)
+        if msg is None:
+            return {"ok": False, "error": error}
+        error = self._chunks_error(params.get("chunks"))
+        if error:
+            return {"ok": False, "error": error}
+        text, others = self._stream_text(params)
+        if not text and not others:
+            return {"ok": False, "error": "no_text"}
+        if len(msg.text) + len(text) > 40_000:
+            return {"ok": False, "error": "msg_too_long"}
+        msg.text += text
+        msg.chunks += others
+        msg.appends.append((self.clock(), text))
+        return {"ok": True, "channel": msg.channel, "ts": msg.ts}
+
+    def _stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.stream_error:
+            return {"ok": False, "error": self.stream_error}
+        msg, error = self._stream_message(params)
+        if msg is None:
+            return {"ok": False, "error": error}
+        error = self._chunks_error(params.get("chunks"))
+        blocks = params.get("blocks")
+        if error is None and blocks is not None:
+            error = self._check_content({"blocks": blocks})
+        metadata = params.get("metadata")
+        if error is None and metadata is not None and not self._metadata_ok(metadata):
+            error = "invalid_metadata_format"
+        if error:
+            return {"ok": False, "error": error}
+        text, others = self._stream_text(params)
+        if len(msg.text) + len(text) > 40_000:
+            return {"ok": False, "error": "msg_too_long"}
+        msg.text += text
+        msg.chunks += others
+        if text:
+            msg.appends.append((self.clock(), text))
+        msg.blocks = blocks
+        msg.metadata = metadata
+        msg.streaming = False
+        out = msg.to_api()
+        out["subtype"] = "bot_message"
+        return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": out}
+
+    def _reaction_target(self, params: dict[str, Any]) -> tuple[FakeMessage | None, str | None]:
+        channel, ts, name = params.get("channel"), params.get("timestamp"), params.get("name")
+        if not channel or not ts:
+            return None, "no_item_specified"
+        if not name or not _REACTION_NAME.match(str(name)):
+            return None, "invalid_name"
+        msg = self.find(str(channel), str(ts))
+        if msg is None:
+            return None, "message_not_found"
+        return msg, None
+
+    def _reaction_add(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg, error = self._reaction_target(params)
+        if msg is None:
+            return {"ok": False, "error": error}
+        users = msg.reactions.setdefault(str(params["name"]), [])
+        if self.bot_user_id in users:
+            return {"ok": False, "error": "already_reacted"}
+        if len([n for n, u in msg.reactions.items() if u]) > 23:
+            return {"ok": False, "error": "too_many_reactions"}
+        users.append(self.bot_user_id)
+        msg.reaction_log.append((self.clock(), "add", str(params["name"])))
+        return {"ok": True}
+
+    def _reaction_remove(self, params: dict[str, Any]) -> dict[str, Any]:
+        msg, error = self._reaction_target(params)
+        if msg is None:
+            return {"ok": False, "error": error}
+        users = msg.reactions.get(str(params["name"]), [])
+        if self.bot_user_id not in users:
+            return {"ok": False, "error": "no_reaction"}
+        users.remove(self.bot_user_id)
+        msg.reaction_log.append((self.clock(), "remove", str(params["name"])))
+        return {"ok": True}
+
+    def _set_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel, thread_ts = params.get("channel_id"), params.get("thread_ts")
+        if not channel or self.find(str(channel), str(thread_ts or "")) is None:
+            return {"ok": False, "error": "channel_not_found"}
+        if "status" not in params:
+            return {"ok": False, "error": "invalid_arguments"}
+        self.thread_statuses.append((self.clock(), str(channel), str(thread_ts), str(params["status"])))
+        return {"ok": True}
 
     def _update(self, params: dict[str, Any]) -> dict[str, Any]:
         channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
@@ -564,28 +927,85 @@ class FakeSlack:
         if parent is None:
             return {"ok": False, "error": "thread_not_found"}
         thread = [parent] + [m for m in self.messages.get(channel, []) if m.thread_ts == ts and m.ts != ts]
+        thread = [m for m in thread if m is parent or self._newer(m, params.get("oldest"))]
+        limit = int(params.get("limit") or 1000)
         return {
             "ok": True,
-            "messages": [m.to_api() for m in thread],
-            "has_more": False,
+            "messages": [m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in thread[:limit]],
+            "has_more": len(thread) > limit,
             "response_metadata": {"next_cursor": ""},
         }
+
+    def _history(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = str(params.get("channel", ""))
+        if channel not in self.messages:
+            return {"ok": False, "error": "channel_not_found"}
+        top = [
+            m
+            for m in self.messages[channel]
+            if (m.thread_ts is None or m.thread_ts == m.ts) and self._newer(m, params.get("oldest"))
+        ]
+        top.sort(key=lambda m: float(m.ts), reverse=True)  # newest first, as Slack returns them
+        limit = int(params.get("limit") or 100)
+        return {
+            "ok": True,
+            "messages": [m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in top[:limit]],
+            "has_more": len(top) > limit,
+            "response_metadata": {"next_cursor": ""},
+        }
+
+    @staticmethod
+    def _newer(msg: FakeMessage, oldest: object) -> bool:
+        return oldest is None or float(msg.ts) > float(str(oldest))
+
+    @staticmethod
+    def _flag(params: dict[str, Any], name: str) -> bool:
+        return str(params.get(name, "")).lower() in ("true", "1")
 
     # -- Socket Mode ------------------------------------------------------------------------------
     @property
     def open_connections(self) -> int:
-        return len(self._sockets)
+        """Connections open and not stalled."""
+        return sum(1 for n, ws in self._sockets.items() if n not in self._stalled and not ws.closed)
+
+    def stall(self) -> None:
+        """Half-open: from now on nothing is sent on the open connections and nothing read from them
+        (pings go unanswered, acks are lost), and the server keeps counting them as open and routing
+        envelopes into them, as a server does that cannot tell, until :meth:`unstall`."""
+        now = self.clock()
+        for number in self._sockets:
+            if number not in self._stalled:
+                self._stalled.add(number)
+                self._records[number].stalled_at = now
+
+    async def unstall(self) -> None:
+        """The network is back: stalled connections the client has closed meanwhile are noticed
+        (their unacknowledged envelopes redelivered); the others carry traffic again."""
+        for number in list(self._stalled):
+            self._stalled.discard(number)
+            ws = self._sockets.get(number)
+            if ws is None or ws.closed:
+                self._sockets.pop(number, None)
+                await self._requeue_unacked(number)
+        await self._notify()
 
     async def _link(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
         if ticket not in self._tickets:
             return web.Response(status=401, text="invalid ticket")
         self._tickets.discard(ticket)
-        ws = web.WebSocketResponse(autoping=True)
+        ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)
+        if self.open_connections >= MAX_SOCKETS:
+            await ws.send_json({"type": "disconnect", "reason": "too_many_websockets"})
+            await ws.close()
+            return ws
         conn = next(self._conn_ids)
         self._sockets[conn] = ws
         self.connections_opened += 1
+        record = SocketRecord(conn, hello_at=self.clock())
+        self._records[conn] = record
+        self.socket_log.append(record)
         await ws.send_json(
             {
                 "type": "hello",
@@ -602,6 +1022,11 @@ class FakeSlack:
         await self._flush_pending()
         try:
             async for frame in ws:
+                if conn in self._stalled:
+                    continue  # half-open: nothing gets through either way
+                if frame.type == aiohttp.WSMsgType.PING:
+                    await ws.pong(frame.data)
+                    continue
                 if frame.type != aiohttp.WSMsgType.TEXT:
                     continue
                 with contextlib.suppress(ValueError):
@@ -612,25 +1037,29 @@ class FakeSlack:
                         env.ack_payload = data.get("payload")
                         await self._notify()
         finally:
-            self._sockets.pop(conn, None)
-            await self._requeue_unacked(conn)
+            record.closed_at = self.clock()
+            if conn not in self._stalled:  # a stalled one stays counted until the network is back
+                self._sockets.pop(conn, None)
+                await self._requeue_unacked(conn)
             await self._notify()
         return ws
 
-    async def _send(self, env: Envelope) -> None:
-        conns = sorted(self._sockets)
+    async def _send(self, env: Envelope, exclude: int | None = None) -> None:
+        conns = sorted(n for n in self._sockets if n != exclude)
         if not conns:
             self._pending.append(env)
             return
         conn = conns[next(self._rr) % len(conns)]
         env.connection = conn
         env.sent_at = self.clock()
-        try:
-            await self._sockets[conn].send_json(env.to_wire())
-        except Exception:  # the socket went away under us: deliver on the next connection
-            env.sent_at = None
-            self._pending.append(env)
-            return
+        if conn not in self._stalled:
+            try:
+                await self._sockets[conn].send_json(env.to_wire())
+            except Exception:  # the socket went away under us: deliver on the next connection
+                env.sent_at = None
+                self._pending.append(env)
+                return
+        # (into a stalled connection the envelope is lost: only the redelivery can bring it)
         if self.redeliver_after_s is not None:
             task = asyncio.create_task(self._redeliver_if_unacked(env))
             self._tasks.add(task)
@@ -653,7 +1082,7 @@ class FakeSlack:
             retry_reason=reason,
         )
         self.envelopes[again.envelope_id] = again
-        await self._send(again)
+        await self._send(again, exclude=env.connection)  # Slack retries on another connection
 
     async def _requeue_unacked(self, conn: int) -> None:
         for env in list(self.envelopes.values()):
@@ -700,13 +1129,13 @@ class FakeSlack:
 
     async def disconnect(self, *, reason: str = "refresh_requested", drop: bool = True) -> None:
         """Tell every connection to reconnect; ``drop``: then close the sockets from this side."""
-        for ws in list(self._sockets.values()):
+        for ws in [w for n, w in self._sockets.items() if n not in self._stalled]:
             with contextlib.suppress(Exception):
                 await ws.send_json(
                     {"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}}
                 )
         if drop:
-            for ws in list(self._sockets.values()):
+            for ws in [w for n, w in self._sockets.items() if n not in self._stalled]:
                 with contextlib.suppress(Exception):
                     await ws.close()
 

@@ -126,7 +126,7 @@ SLACK_RATE_LIMITS: dict[str, RateLimit] = {
     "chat.appendStream": RateLimit(per_minute=100, burst=20),
     "chat.startStream": RateLimit(per_minute=20, burst=5),
     "chat.stopStream": RateLimit(per_minute=20, burst=5),
-    "chat.postEphemeral": RateLimit(per_minute=100, burst=20),
+    "chat.postEphemeral": RateLimit(per_minute=100, burst=40),
     # "several hundred per minute per workspace" on top of the per-channel limit
     "chat.postMessage": RateLimit(per_minute=300, burst=30),
     "reactions.add": RateLimit(per_minute=50, burst=40),
@@ -281,15 +281,17 @@ class SlackSettings(AccessSettings):
     """Sign of life: reaction added to the asking message before context gathering starts, within
     a second (in assistant threads the thread status is set instead); empty: no sign of life."""
     done_reaction: str = "white_check_mark"
-    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none)."""
+    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none); swapped
+    in the background at the lowest priority, as the reaction budget allows."""
     failed_reaction: str = "warning"
     """Reaction that replaces ``ack_reaction`` when the answer failed (empty: none)."""
     ack_wait_s: float = Field(1.0, ge=0)
     """Longest wait in seconds for the reaction budget before the sign of life is skipped (it must
     never hold up the answer)."""
-    conclude_wait_s: float = Field(10.0, ge=0)
-    """Longest wait in seconds for the reaction budget when swapping in the done / failed reaction
-    (lowest priority; skipped when the budget stays spent)."""
+    ack_fallback_text: str = ":eyes: Looking into it…"
+    """When the reaction budget is spent (Tier 3: 50 per minute for the whole app), the sign of life
+    is an ephemeral message with this text, seen by the asker only (empty: none; then the answer's
+    placeholder post is the sign of life)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -366,9 +368,10 @@ class MattermostSettings(AccessSettings):
     rate_budgets: bool = True
     """Share the server's rate limit (``rate_limit``) and the per-channel post limit between every
     answer in flight; off: calls go out as soon as answers make them (a 429 still waits)."""
-    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit(per_minute=600, burst=20))
+    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit(per_minute=650, burst=50))
     """Budget for every REST call of the bot account: Mattermost's rate limiter allows 10 requests
-    per second per user by default (``RateLimitSettings.PerSec``) with a burst."""
+    per second per user by default (``RateLimitSettings.PerSec``) with a burst of 100
+    (``MaxBurst``); the default keeps the rate and half the burst."""
     channel_post_burst: int = Field(3, ge=1)
     """New posts to one channel that may go at once (then one per ``channel_post_interval_s``)."""
     post_placeholder: Literal["auto", "always"] = "auto"
@@ -379,13 +382,12 @@ class MattermostSettings(AccessSettings):
     """Sign of life: reaction (``POST /reactions``) on the asking post before context gathering
     starts; empty: no sign of life."""
     done_reaction: str = "white_check_mark"
-    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none)."""
+    """Reaction that replaces ``ack_reaction`` when the answer is complete (empty: none); swapped
+    in the background at the lowest priority, as the reaction budget allows."""
     failed_reaction: str = "warning"
     """Reaction that replaces ``ack_reaction`` when the answer failed (empty: none)."""
     ack_wait_s: float = Field(1.0, ge=0)
     """Longest wait in seconds for the rate budget before the sign of life is skipped."""
-    conclude_wait_s: float = Field(10.0, ge=0)
-    """Longest wait in seconds for the rate budget when swapping in the done / failed reaction."""
 
     @model_validator(mode="before")
     @classmethod

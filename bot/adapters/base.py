@@ -21,16 +21,69 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
 from bot.access import AccessPolicy
 from bot.types import FinalAnswer, IncomingMessage, SourceNote
 
+logger = logging.getLogger(__name__)
+
 MessageSink = Callable[[IncomingMessage], "asyncio.Task[None]"]
 """``pipeline.submit`` bound to an adapter: takes an accepted message and returns the task that
 answers it (the terminal awaits it; platforms do not)."""
+
+
+class Housekeeping:
+    """Best-effort work an adapter does after an answer ended (swapping the sign-of-life reaction for
+    a done mark), one job at a time in one background task, so it waits for rate budget as long as
+    it must without holding the answer (or the pipeline's drain) up. Jobs left at :meth:`close`
+    are dropped: they are cosmetic."""
+
+    def __init__(self, name: str, max_jobs: int = 10_000) -> None:
+        self.name = name
+        self._queue: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue(max_jobs)
+        self._task: asyncio.Task[None] | None = None
+        self.done = 0
+        """Jobs completed (for tests and logs)."""
+
+    def add(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Queue ``job`` (dropped with a log line when the queue is full)."""
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            logger.warning("%s: housekeeping queue full; a job was dropped", self.name)
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"{self.name}-housekeeping")
+
+    @property
+    def pending(self) -> int:
+        """Jobs not done yet."""
+        return self._queue.qsize()
+
+    async def _run(self) -> None:
+        while True:
+            job = await self._queue.get()
+            try:
+                await job()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("%s: housekeeping job failed", self.name, exc_info=True)
+            self.done += 1
+
+    async def close(self) -> None:
+        """Stop; jobs not done yet are dropped (logged)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._queue.qsize():
+            logger.info("%s: %d housekeeping job(s) dropped at close", self.name, self._queue.qsize())
 
 
 class ReplyStream(abc.ABC):
@@ -83,7 +136,8 @@ class ChatAdapter(abc.ABC):
         return None
 
     async def conclude(self, message: IncomingMessage, *, ok: bool) -> None:
-        """Replace the sign of life with a done (``ok``) or failed mark; never raises."""
+        """Replace the sign of life with a done (``ok``) or failed mark (in the background, as the
+        rate budget allows); returns at once, never raises."""
         return None
 
     @abc.abstractmethod

@@ -9,9 +9,11 @@ certificate is never verified whatever ``verify`` says), it never notices a half
 or jitter, gives no hook to catch up after a reconnect, and loops forever on a failed
 authentication.
 
-Never lose a post: the reader reconnects when the socket closes or stays silent longer than
-``websocket_silence_s`` (it pings every third of that, so a healthy idle socket always has pong
-frames), with backoff and jitter under ``mattermost.reconnect`` (:mod:`bot.retry`). After every
+Never lose a post: every connection is pinged every ``websocket_ping_interval_s`` (at most a third of
+``websocket_silence_s``) and must answer within ``websocket_pong_timeout_s``, whatever else it
+carries; a connection that misses its pong, stays silent longer than ``websocket_silence_s`` or
+closes is replaced, the new one opened before the old one is closed (the server allows several per
+user), with backoff and jitter under ``mattermost.reconnect`` (:mod:`bot.retry`). After every
 (re)connect it fetches, per watched channel, every post created since the last one it saw (``GET
 /channels/{id}/posts?since=``) and handles the ones not yet processed. Duplicates (a post seen live
 and in the catch-up, a second replica) are dropped by post id: locally for cheapness, and for good
@@ -19,7 +21,10 @@ by the pipeline's ``store.claim_event`` (``IncomingMessage.event_id`` is the pos
 connect also looks back a minute, so mentions made while opsbot restarted are answered too.
 
 Every accepted post or command is handed to the pipeline (``submit``), which owns it until it is
-answered; who may ask is :mod:`bot.access`'s rule, the same as on Slack.
+answered; who may ask is :mod:`bot.access`'s rule, the same as on Slack, and so is the bot policy:
+posts marked ``from_bot`` / ``from_webhook`` / ``from_plugin``, or by bot accounts (``GET
+/users/{id}``, cached), are ignored unless allow-listed. The sign of life is a reaction on the
+asking post (``POST /reactions``), swapped for a done / failed one when the answer ends.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from bot.access import AccessPolicy
-from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
+from bot.access import AccessPolicy, mattermost_author
+from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.mattermost_rest import (
     DEFAULT_MAX_POST_SIZE,
     PLATFORM,
@@ -49,7 +54,8 @@ from bot.adapters.mattermost_rest import (
     mattermost_error,
     ssl_context,
 )
-from bot.adapters.streaming import ChannelPacer, StreamingReply, format_footer_line, split_text
+from bot.adapters.ratelimit import BudgetTimeout, Priority, ticket
+from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
 from bot.config import MattermostSettings
 from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
@@ -67,6 +73,8 @@ ACTIONS_PATH = "/mattermost/actions"
 _SEEN_MAX = 20_000  # post ids remembered locally (the store is the durable de-duplication)
 _CATCHUP_MARGIN_MS = 2_000  # posts may be stored with a create_at slightly behind the last one seen
 _STARTUP_LOOKBACK_MS = 60_000  # a restart also answers mentions made just before it (store dedupes)
+_USERS_MAX = 10_000  # accounts whose is_bot is remembered
+_SIGN = "mattermost_sign_of_life"  # IncomingMessage.extra key: the reaction shown, if any
 
 
 def feedback_signature(secret: str, request_id: str, value: int) -> str:
@@ -80,7 +88,11 @@ def render_footer(answer: FinalAnswer) -> str:
 
 
 class MattermostReply(StreamingReply):
-    """One answer in a Mattermost thread: placeholder post, ``PUT /posts/{id}/patch`` edits."""
+    """One answer in a Mattermost thread: a post (placeholder or first text), ``PUT
+    /posts/{id}/patch`` edits."""
+
+    edit_method = "PUT /posts/{id}/patch"
+    post_method = "POST /posts"
 
     def __init__(self, adapter: MattermostAdapter, message: IncomingMessage, root_id: str) -> None:
         s = adapter.settings
@@ -89,7 +101,8 @@ class MattermostReply(StreamingReply):
             thread_id=root_id,
             limit=adapter.max_post_size,
             edit_interval_s=s.edit_interval_s,
-            pacer=adapter.pacer,
+            budget=adapter.rest.budget,
+            post_placeholder=s.post_placeholder == "always" or not message.extra.get(_SIGN),
         )
         self._adapter = adapter
         self._message = message
@@ -118,6 +131,37 @@ class MattermostReply(StreamingReply):
         return text + render_footer(final), self._adapter.feedback_props(final)
 
 
+class _WsSession:
+    """One websocket connection: its reader and pinger, and why it is no longer trusted."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.hello = asyncio.Event()
+        self.dead = asyncio.Event()
+        self.pong = asyncio.Event()
+        self.reason = ""
+        self.failure: MattermostAPIError | None = None
+        self.last_frame = time.monotonic()
+        self.reader: asyncio.Task[None] | None = None
+        self.pinger: asyncio.Task[None] | None = None
+
+    def kill(self, reason: str) -> None:
+        if not self.dead.is_set():
+            self.reason = reason
+            self.dead.set()
+
+    async def close(self) -> None:
+        for task in (self.pinger, self.reader):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if not self.ws.closed:
+            # A half-open peer never answers the close handshake: do not wait for it.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.ws.close(), 1.0)
+
+
 class MattermostAdapter(ChatAdapter):
     """The Mattermost connection: websocket events in, REST posts and edits out."""
 
@@ -129,7 +173,6 @@ class MattermostAdapter(ChatAdapter):
         self.store = store
         self.access = AccessPolicy(settings, PLATFORM)
         self.rest = MattermostRest(settings)
-        self.pacer = ChannelPacer(settings.channel_post_interval_s)
         self.max_post_size = DEFAULT_MAX_POST_SIZE
         self.bot_user_id = ""
         self.bot_username = ""
@@ -151,6 +194,11 @@ class MattermostAdapter(ChatAdapter):
         self._last_pending_ms = 0
         self._gap_generation = 0
         self._mention_re: re.Pattern[str] | None = None
+        self._users: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
+        self.ws_replaced = 0
+        self.housekeeping = Housekeeping("mattermost")
+        """Reaction swaps after answers (background, lowest priority)."""
+        """Websocket sessions replaced because they went silent, missed a pong or closed."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, submit: MessageSink) -> None:
@@ -198,7 +246,9 @@ class MattermostAdapter(ChatAdapter):
         self._listening.clear()
 
     async def close(self) -> None:
-        """Close the REST sessions (after the pipeline drained the answers in flight)."""
+        """Drop the reaction swaps not done yet, close the REST sessions (after the pipeline
+        drained the answers in flight)."""
+        await self.housekeeping.close()
         await self.rest.close()
 
     async def _read_max_post_size(self) -> int:
@@ -240,23 +290,49 @@ class MattermostAdapter(ChatAdapter):
         return f"{scheme}://{s.url}:{s.port}{s.basepath.rstrip('/')}/websocket"
 
     async def _run_websocket(self) -> None:
+        """Keep one trusted websocket session: when it goes bad, open the next one first and close
+        the old one only once the new one said ``hello`` (it may still deliver meanwhile)."""
         budget = RetryBudget(self.settings.reconnect)
-        while not self._stopping:
-            reached_hello = False
-            try:
-                reached_hello = await self._websocket_session()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("mattermost websocket failed: %s: %s", type(exc).__name__, exc)
-            if self._stopping:
-                return
-            self._mark_gap()
-            if reached_hello:
-                budget.reset()  # a session that worked: the next reconnect starts quick again
-            delay = budget.after_failure("websocket")  # reconnect.max_retries is unset: never gives up
-            logger.info("mattermost websocket reconnecting in %.2f s (attempt %d)", delay, budget.failures)
-            await asyncio.sleep(delay)
+        old: _WsSession | None = None
+        session: _WsSession | None = None
+        try:
+            while not self._stopping:
+                session = None
+                try:
+                    session = await self._open_session()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    logger.warning("mattermost websocket failed: %s: %s", type(exc).__name__, exc)
+                if session is not None and session.hello.is_set():
+                    if old is not None:
+                        self.ws_replaced += 1
+                        await old.close()
+                        old = None
+                    budget.reset()  # a session that worked: the next reconnect starts quick again
+                    await session.dead.wait()
+                    logger.warning("mattermost websocket %s: reconnecting", session.reason)
+                    if self._stopping:
+                        await session.close()
+                        return
+                    self._mark_gap()
+                    if session.ws.closed:
+                        await session.close()
+                    else:
+                        old = session  # kept until its replacement is up
+                elif session is not None:
+                    await session.close()
+                    if session.reason:
+                        logger.warning("mattermost websocket %s", session.reason)
+                delay = budget.after_failure("websocket")  # reconnect.max_retries is unset: never gives up
+                logger.info(
+                    "mattermost websocket reconnecting in %.2f s (attempt %d)", delay, budget.failures
+                )
+                await asyncio.sleep(delay)
+        finally:
+            for leftover in (old, session):
+                if leftover is not None:
+                    await leftover.close()
 
     def _mark_gap(self, *, disconnected: bool = True) -> None:
         """Events were missed: remember, per channel, from when posts must be fetched again."""
@@ -269,10 +345,8 @@ class MattermostAdapter(ChatAdapter):
         for channel in self._channel_types:
             self._pending_since.setdefault(channel, self._last_seen.get(channel, self._started_ms))
 
-    async def _websocket_session(self) -> bool:
-        """One connection: authenticate, read frames until closed or silent; True if it got hello."""
-        silence = self.settings.websocket_silence_s
-        reached_hello = False
+    async def _open_session(self) -> _WsSession:
+        """Connect and authenticate; returns once ``hello`` came, or the session failed first."""
         ws = await self.rest.session.ws_connect(
             self.websocket_url,
             autoping=False,
@@ -280,21 +354,52 @@ class MattermostAdapter(ChatAdapter):
             timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
             max_msg_size=0,
         )
-        pinger = asyncio.create_task(self._ping_loop(ws, silence / 3), name="mattermost-ws-ping")
-        expected_seq: int | None = None
+        session = _WsSession(ws)
+        session.reader = asyncio.create_task(self._read_session(session), name="mattermost-ws-read")
         try:
             token = self.settings.token.get_secret_value() if self.settings.token else ""
             await ws.send_str(
                 json.dumps({"seq": 1, "action": "authentication_challenge", "data": {"token": token}})
             )
+            hello = asyncio.ensure_future(session.hello.wait())
+            dead = asyncio.ensure_future(session.dead.wait())
+            try:
+                await asyncio.wait(
+                    {hello, dead}, timeout=self.settings.request_timeout_s, return_when="FIRST_COMPLETED"
+                )
+            finally:
+                hello.cancel()
+                dead.cancel()
+            if session.failure is not None:
+                raise session.failure
+            if not session.hello.is_set():
+                session.kill(session.reason or "no hello in time")
+                return session
+        except BaseException:
+            await session.close()
+            raise
+        interval = min(self.settings.websocket_ping_interval_s, self.settings.websocket_silence_s / 3)
+        session.pinger = asyncio.create_task(self._ping_session(session, interval), name="mattermost-ws-ping")
+        return session
+
+    async def _read_session(self, session: _WsSession) -> None:
+        """Read frames until the socket closes or stays silent; events go to their handlers."""
+        ws = session.ws
+        silence = self.settings.websocket_silence_s
+        expected_seq: int | None = None
+        try:
             while True:
                 try:
                     msg = await ws.receive(timeout=silence)
                 except TimeoutError:
-                    logger.warning("mattermost websocket silent for %.1f s: reconnecting", silence)
-                    return reached_hello
+                    session.kill(f"silent for {silence:.1f} s")
+                    return
+                session.last_frame = time.monotonic()
                 if msg.type == aiohttp.WSMsgType.PING:
                     await ws.pong(msg.data)
+                    continue
+                if msg.type == aiohttp.WSMsgType.PONG:
+                    session.pong.set()
                     continue
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     if msg.type in (
@@ -303,9 +408,9 @@ class MattermostAdapter(ChatAdapter):
                         aiohttp.WSMsgType.CLOSING,
                         aiohttp.WSMsgType.ERROR,
                     ):
-                        logger.info("mattermost websocket closed (%s)", msg.type.name)
-                        return reached_hello
-                    continue  # PONG and binary frames only prove the socket is alive
+                        session.kill(f"closed ({msg.type.name})")
+                        return
+                    continue  # binary frames only prove the socket is alive
                 try:
                     frame = json.loads(msg.data)
                 except ValueError:
@@ -315,13 +420,15 @@ class MattermostAdapter(ChatAdapter):
                     continue
                 if "seq_reply" in frame:
                     if frame.get("status") == "FAIL" and frame.get("seq_reply") == 1:
-                        raise mattermost_error(
+                        session.failure = mattermost_error(
                             "WS",
                             "/websocket",
                             401,
                             str(frame.get("error", {}).get("message", "")),
                             error_id=str(frame.get("error", {}).get("id", "")),
                         )
+                        session.kill("authentication failed")
+                        return
                     continue
                 seq = frame.get("seq")
                 if isinstance(seq, int):
@@ -335,28 +442,34 @@ class MattermostAdapter(ChatAdapter):
                     expected_seq = seq + 1
                 event = frame.get("event")
                 if event == "hello":
-                    reached_hello = True
                     self.ws_connects += 1
+                    session.hello.set()
                     self._listening.set()
                     self._schedule_catch_up()
                 elif event == "posted":
                     await self._on_posted(frame.get("data") or {})
                 elif event in ("user_added", "direct_added", "group_added", "channel_created"):
                     self._on_joined(frame)
-        finally:
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
-            if not ws.closed:
-                # A half-open peer never answers the close handshake: do not wait for it.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(ws.close(), 1.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            session.kill(f"failed: {type(exc).__name__}: {exc}")
 
-    async def _ping_loop(self, ws: aiohttp.ClientWebSocketResponse, interval: float) -> None:
-        while not ws.closed:
+    async def _ping_session(self, session: _WsSession, interval: float) -> None:
+        """Ping every ``interval``; no pong within ``websocket_pong_timeout_s`` kills the session."""
+        deadline = self.settings.websocket_pong_timeout_s
+        while not session.ws.closed and not session.dead.is_set():
             await asyncio.sleep(interval)
+            session.pong.clear()
             with contextlib.suppress(Exception):
-                await ws.ping()
+                await session.ws.ping()
+            try:
+                await asyncio.wait_for(session.pong.wait(), deadline)
+            except TimeoutError:
+                quiet = time.monotonic() - session.last_frame
+                # "silent for": the same words as the receive-silence rule (and the Slack adapter's)
+                session.kill(f"silent for {quiet:.1f} s, no pong within {deadline:g} s")
+                return
 
     def _on_joined(self, frame: dict[str, Any]) -> None:
         data = frame.get("data") or {}
@@ -445,12 +558,9 @@ class MattermostAdapter(ChatAdapter):
         self._seen[post_id] = None
         if len(self._seen) > _SEEN_MAX:
             self._seen.popitem(last=False)
-        props = post.get("props") or {}
         user = str(post.get("user_id", ""))
         if (
             user == self.bot_user_id
-            or str(props.get("from_bot", "")).lower() == "true"
-            or props.get("from_webhook") == "true"
             or str(post.get("type", "")).startswith("system_")
             or post.get("delete_at")
         ):
@@ -468,6 +578,11 @@ class MattermostAdapter(ChatAdapter):
             kind = MessageKind.FOLLOWUP
         else:
             return 0
+        # Only a post opsbot would answer costs a user look-up (cached): bots never answer bots.
+        author = mattermost_author(post, await self._user(user))
+        if self.access.ignores_bot(author):
+            logger.debug("mattermost: ignored a %s post by %s in %s", author.form, user, channel)
+            return 0
         if self._mention_re is not None:
             text = self._mention_re.sub("", text).strip()
         message = IncomingMessage(
@@ -482,6 +597,22 @@ class MattermostAdapter(ChatAdapter):
             is_direct=ctype == "D",
         )
         return 1 if self._hand_over(message) else 0
+
+    async def _user(self, user_id: str) -> dict[str, Any] | None:
+        """The account behind a post (``GET /users/{id}``), remembered; ``None`` when unknown."""
+        if user_id in self._users:
+            self._users.move_to_end(user_id)
+            return self._users[user_id]
+        try:
+            user: dict[str, Any] | None = await self.rest.get_user(user_id)
+        except MattermostAPIError as exc:
+            # Unknown is not remembered: the props checks still apply, the next post asks again.
+            logger.info("mattermost: cannot look up user %s (%s)", user_id, exc)
+            return None
+        self._users[user_id] = user
+        while len(self._users) > _USERS_MAX:
+            self._users.popitem(last=False)
+        return user
 
     async def _is_bot_thread(self, channel: str, root_id: str) -> bool:
         try:
@@ -540,6 +671,61 @@ class MattermostAdapter(ChatAdapter):
         actions = [button("feedbackup", "👍", 1), button("feedbackdown", "👎", -1)]
         return {"attachments": [{"text": "", "actions": actions}]}
 
+    async def acknowledge(self, message: IncomingMessage) -> None:
+        """A reaction (``ack_reaction``) on the asking post, at once; skipped when the budget is spent."""
+        s = self.settings
+        if message.kind in (MessageKind.COMMAND, MessageKind.ALERT) or not message.message_id:
+            return
+        if s.ack_reaction and await self._react(
+            message.message_id, s.ack_reaction, Priority.ACK, s.ack_wait_s
+        ):
+            message.extra[_SIGN] = s.ack_reaction
+
+    async def conclude(self, message: IncomingMessage, *, ok: bool) -> None:
+        """Swap the sign of life for ``done_reaction`` / ``failed_reaction``, in the background at
+        the lowest priority (signs of life for new questions go first)."""
+        shown = message.extra.get(_SIGN)
+        post_id = message.message_id
+        if not isinstance(shown, str) or not post_id:
+            return
+        mark = self.settings.done_reaction if ok else self.settings.failed_reaction
+
+        async def swap() -> None:
+            with ticket(Priority.BACKGROUND):
+                try:
+                    await self.rest.remove_reaction(self.bot_user_id, post_id, shown)
+                    if mark:
+                        await self.rest.add_reaction(self.bot_user_id, post_id, mark)
+                except MattermostAPIError as exc:
+                    logger.info("mattermost reaction swap on %s failed: %s", post_id, exc)
+
+        self.housekeeping.add(swap)
+
+    async def _react(
+        self, post_id: str, emoji: str, priority: Priority, wait_s: float, *, remove: bool = False
+    ) -> bool:
+        """Add (or remove) one reaction without ever holding an answer up; True when it worked."""
+        call = self.rest.remove_reaction if remove else self.rest.add_reaction
+        try:
+            with ticket(priority):
+                await asyncio.wait_for(
+                    call(
+                        self.bot_user_id,
+                        post_id,
+                        emoji,
+                        retries=1,
+                        patience_s=max(wait_s, 0.01),
+                        max_wait_s=wait_s,
+                    ),
+                    wait_s + 5.0,
+                )
+            return True
+        except BudgetTimeout:
+            logger.info("mattermost reaction %s skipped: no budget slot within %.1f s", emoji, wait_s)
+        except (MattermostAPIError, TimeoutError) as exc:
+            logger.info("mattermost reaction %s on %s failed: %s", emoji, post_id, exc)
+        return False
+
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:
         """Post the placeholder in the message's thread (started at the message when top-level);
         a ``/rca`` command first gets a channel post quoting the request, to thread under."""
@@ -547,7 +733,7 @@ class MattermostAdapter(ChatAdapter):
         if not root:
             asker = f"@{message.user_name}" if message.user_name else "someone"
             quote = "\n".join(f"> {line}" for line in f"/rca {message.text}".splitlines())
-            async with self.pacer.turn(message.channel):
+            with ticket(Priority.ACK):
                 post = await self.rest.create_post(
                     message.channel, f"{asker} asked:\n{quote}", pending_post_id=self.pending_post_id()
                 )
@@ -592,10 +778,9 @@ class MattermostAdapter(ChatAdapter):
         root = thread_id or ""
         first = ""
         for chunk in chunks:
-            async with self.pacer.turn(channel):
-                post = await self.rest.create_post(
-                    channel, chunk, root_id=root, pending_post_id=self.pending_post_id()
-                )
+            post = await self.rest.create_post(
+                channel, chunk, root_id=root, pending_post_id=self.pending_post_id()
+            )
             first = first or str(post["id"])
             root = root or first
         return thread_id or first

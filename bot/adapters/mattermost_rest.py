@@ -5,8 +5,13 @@ loop that streams every answer; this client speaks the same endpoints asynchrono
 carry the server's error body (``id``, ``message``, ``request_id``, ``status_code``) and belong to
 :mod:`bot.errors`' tree (:class:`MattermostAPIError` and its branch subclasses).
 
+Every call first takes a slot of the bot account's rate budget (:mod:`bot.adapters.ratelimit`:
+the server limits requests per user, 10 per second by default, and new posts per channel), in the
+order of the caller's :class:`~bot.adapters.ratelimit.Ticket` (final answers first).
+
 Retries (``mattermost.retry``): a 429 waits ``Retry-After`` (else ``X-Ratelimit-Reset``), never
-less, for as long as ``patience_s`` allows and without counting against ``max_retries``; 5xx and
+less, for as long as ``patience_s`` allows and without counting against ``max_retries``; the wait
+holds every call of the bot account, since the server's limiter counts them all; 5xx and
 connection errors back off exponentially with jitter up to ``max_retries`` times. ``POST /posts``
 is retried safely because every create carries a ``pending_post_id``: the server answers a
 repeated create with the post it already made instead of a second one.
@@ -24,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from bot.adapters.ratelimit import ALL_CALLS, RateBudget
 from bot.config import MattermostSettings, RetrySettings
 from bot.errors import (
     PlatformError,
@@ -141,9 +147,21 @@ def _call_outcome(status: int) -> str:
 class MattermostRest:
     """Async REST v4 client bound to one bot token."""
 
-    def __init__(self, settings: MattermostSettings, *, rng: random.Random | None = None) -> None:
-        """``rng`` seeds the backoff jitter (tests)."""
+    def __init__(
+        self,
+        settings: MattermostSettings,
+        *,
+        rng: random.Random | None = None,
+        budget: RateBudget | None = None,
+    ) -> None:
+        """``rng`` seeds the backoff jitter (tests); ``budget``: the bot account's rate budget
+        (default: one built from ``settings``)."""
         self.settings = settings
+        self.budget = budget or RateBudget(
+            {ALL_CALLS: settings.rate_limit},
+            channel_limits={"POST /posts": (settings.channel_post_interval_s, settings.channel_post_burst)},
+            enabled=settings.rate_budgets,
+        )
         self.base_url = f"{settings.scheme}://{settings.url}:{settings.port}{settings.basepath.rstrip('/')}"
         self.server_url = f"{settings.scheme}://{settings.url}:{settings.port}"
         self._token = settings.token.get_secret_value() if settings.token else ""
@@ -191,20 +209,31 @@ class MattermostRest:
         url: str | None = None,
         retries: int | None = None,
         session: aiohttp.ClientSession | None = None,
+        patience_s: float | None = None,
+        max_wait_s: float | None = None,
     ) -> Any:
         """Call ``method path`` (relative to the API base, or ``url``); return the decoded JSON.
 
-        Retries under ``mattermost.retry`` (``retries`` overrides its ``max_retries`` for one call);
-        raises :class:`MattermostAPIError` when the server refuses the call or the policy gives up.
+        Retries under ``mattermost.retry`` (``retries`` / ``patience_s`` override its
+        ``max_retries`` / ``patience_s`` for one call); raises :class:`MattermostAPIError` when the
+        server refuses the call or the policy gives up, and
+        :class:`~bot.adapters.ratelimit.BudgetTimeout` when no budget slot came within
+        ``max_wait_s``. A slash command's ``response_url`` (``url``) is outside the budget.
         """
         target = url or f"{self.base_url}{path}"
         label = f"{method} {_metric_path(path)}"
+        channel = str(json.get("channel_id", "")) if isinstance(json, dict) and method == "POST" else None
         policy: RetrySettings = self.settings.retry
         if retries is not None:
             policy = policy.model_copy(update={"max_retries": retries})
+        if patience_s is not None:
+            policy = policy.model_copy(update={"patience_s": patience_s})
         budget = RetryBudget(policy, rng=self._rng)
         while True:
             wait: float | None = None
+            permit = None
+            if url is None:
+                permit = await self.budget.acquire(label, channel or None, max_wait_s=max_wait_s)
             try:
                 client = session or self.session
                 async with client.request(method, target, json=json, params=params) as resp:
@@ -225,9 +254,15 @@ class MattermostRest:
                 error = mattermost_error(method, path, None, f"{type(exc).__name__}: {exc}")
                 reason = "connection"
                 count_chat_call(PLATFORM, label, reason)
+            finally:
+                if permit is not None:
+                    permit.release()
             try:
                 if reason == "429":
+                    # The server's limiter counts every request of this user: hold them all.
+                    self.budget.hold(ALL_CALLS, wait if wait is not None else 1.0)
                     delay = budget.after_rate_limit(wait, error.message)
+                    self.budget.hold(ALL_CALLS, delay)
                 else:
                     delay = budget.after_failure(error.message)
             except RetriesExhausted as gave_up:
@@ -241,7 +276,8 @@ class MattermostRest:
                 reason,
                 error.request_id,
             )
-            await asyncio.sleep(delay)
+            if reason != "429":  # a 429's wait is the budget's hold
+                await asyncio.sleep(delay)
 
     # -- endpoints ------------------------------------------------------------------------------
     async def me(self) -> dict[str, Any]:
@@ -307,6 +343,20 @@ class MattermostRest:
             body["props"] = props
         result: dict[str, Any] = await self.request("PUT", f"/posts/{post_id}/patch", json=body)
         return result
+
+    async def get_user(self, user_id: str) -> dict[str, Any]:
+        """``GET /users/{user_id}`` (``is_bot`` tells bot accounts)."""
+        result: dict[str, Any] = await self.request("GET", f"/users/{user_id}")
+        return result
+
+    async def add_reaction(self, user_id: str, post_id: str, emoji: str, **call: Any) -> None:
+        """``POST /reactions``: ``user_id`` (the bot itself) reacts to ``post_id`` with ``emoji``."""
+        body = {"user_id": user_id, "post_id": post_id, "emoji_name": emoji}
+        await self.request("POST", "/reactions", json=body, **call)
+
+    async def remove_reaction(self, user_id: str, post_id: str, emoji: str, **call: Any) -> None:
+        """``DELETE /users/{user_id}/posts/{post_id}/reactions/{emoji}``."""
+        await self.request("DELETE", f"/users/{user_id}/posts/{post_id}/reactions/{emoji}", **call)
 
     async def create_ephemeral(self, user_id: str, channel_id: str, message: str, root_id: str = "") -> None:
         """``POST /posts/ephemeral``: a post only ``user_id`` sees."""

@@ -45,6 +45,11 @@ ALL_CALLS = "*"
 (Mattermost: requests per second per user)."""
 
 
+RESERVATION_TTL_S = 600.0
+"""A promised call (:meth:`RateBudget.reserve`) not made within this long is forgotten (its answer
+was abandoned; the request deadline is shorter)."""
+
+
 class Priority(enum.IntEnum):
     """Who goes first when calls wait for the same budget (lower first)."""
 
@@ -141,6 +146,14 @@ class _Bucket:
             return None
         return self.tat - tolerance + pending
 
+    def available(self, now: float) -> int:
+        """How many calls could start at ``now`` (one after the other, without waiting)."""
+        tolerance = (self.burst - 1) * self.refill_s
+        ahead = max(self.tat - now, 0.0)
+        if ahead > tolerance:
+            return 0
+        return max(0, int((tolerance - ahead) / self.refill_s + 1e-9) + 1 - self.in_flight)
+
     def take(self) -> None:
         self.in_flight += 1
 
@@ -208,6 +221,7 @@ class RateBudget:
         self._channel_limits = {k: v for k, v in (channel_limits or {}).items() if enabled and v[0] > 0}
         self._buckets: dict[str, _Bucket] = {}
         self._holds: dict[str, float] = {}
+        self._reserved: dict[str, list[float]] = {}
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -292,19 +306,30 @@ class RateBudget:
             return len(self._waiters)
         return sum(1 for w in self._waiters if w.holds[0] == method)
 
-    def has_room(self, method: str, channel: str | None = None) -> bool:
-        """Whether a call of ``method`` could start right now (nothing waits, buckets and holds allow)."""
+    def spare(self, method: str) -> int:
+        """Calls of ``method`` that could start right now beyond those already waiting and those
+        promised (:meth:`reserve`); a method without a budget has plenty."""
         now = self.clock()
         if any(self._holds.get(h, -math.inf) > now for h in (method, ALL_CALLS)):
-            return False
-        buckets = self._buckets_for(method, channel)
-        if any(not w.future.done() and set(w.buckets) & set(buckets) for w in self._waiters):
-            return False
-        for bucket in buckets:
-            ready = bucket.ready_at()
-            if ready is None or ready > now:
-                return False
-        return True
+            return 0
+        buckets = self._buckets_for(method, None)
+        if not buckets:
+            return 1_000_000
+        waiting = sum(1 for w in self._waiters if set(w.buckets) & set(buckets))
+        free = min(b.available(now) for b in buckets)
+        promised = self._reserved.setdefault(method, [])
+        promised[:] = [t for t in promised if t > now - RESERVATION_TTL_S]  # abandoned answers
+        return max(0, free - waiting - len(promised))
+
+    def reserve(self, method: str) -> None:
+        """Promise one future call of ``method`` (an answer's final edit) so :meth:`spare` counts it."""
+        self._reserved.setdefault(method, []).append(self.clock())
+
+    def unreserve(self, method: str) -> None:
+        """The promised call is being made (or is no longer needed)."""
+        promised = self._reserved.get(method)
+        if promised:
+            promised.pop(0)
 
     # -- the queue ------------------------------------------------------------------------------
     def _buckets_for(self, method: str, channel: str | None) -> tuple[_Bucket, ...]:

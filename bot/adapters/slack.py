@@ -48,6 +48,7 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.internals import build_headers
 from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.signature import SignatureVerifier
@@ -57,7 +58,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.access import AccessPolicy, slack_author
-from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
+from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.ratelimit import (
     BudgetTimeout,
     Priority,
@@ -508,11 +509,10 @@ class _NativeRendering(ReplyStream):
                 permit.release()
                 continue
             with prepaid(permit):
-                self._in_flight = asyncio.ensure_future(self.stream.append(markdown_text=delta))
+                self._in_flight = asyncio.ensure_future(self._append(delta))
             self._in_flight.add_done_callback(release_when_done(permit))
             try:
                 await asyncio.shield(self._in_flight)
-                self._sent += delta
             except asyncio.CancelledError:
                 raise
             except (SlackCallError, SlackRequestError) as exc:
@@ -524,6 +524,11 @@ class _NativeRendering(ReplyStream):
             finally:
                 self._last_append = time.monotonic()
 
+    async def _append(self, delta: str) -> None:
+        # What was sent is recorded here, not in the loop: finish() may stop the loop mid-call.
+        await self.stream.append(markdown_text=delta)
+        self._sent += delta
+
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
         if self._editor is not None:
@@ -533,15 +538,18 @@ class _NativeRendering(ReplyStream):
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(Exception):
                 await self._in_flight
-            if self._in_flight.exception() is None:
-                # it completed after the loop stopped waiting for it
-                pass
+            self._last_append = time.monotonic()
+            if self._in_flight.exception() is not None:
+                self._broken = str(self._in_flight.exception())
         chunks = split_text(_defang(answer.text) or "_(empty answer)_", self.limit)
         single = len(chunks) == 1
         tag = self._adapter.post_tag(answer.request_id)
         first = chunks[0]
         streamed = self._broken is None and first.startswith(self._sent)
         with ticket(Priority.FINAL):
+            wait = self._last_append + self.edit_interval_s - time.monotonic()
+            if streamed and wait > 0:  # the last piece respects the message's edit rate too
+                await asyncio.sleep(wait)
             if streamed:
                 try:
                     await self.stream.stop(
@@ -677,6 +685,8 @@ class SlackAdapter(ChatAdapter):
         self.no_streaming: dict[str, str] = {}
         """Workspaces (team ids) that refused native streaming, with Slack's error code."""
         self._assistant_threads: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.housekeeping = Housekeeping("slack")
+        """Reaction swaps after answers (background, lowest priority)."""
         self.app = self._build_app()
 
     @property
@@ -686,8 +696,15 @@ class SlackAdapter(ChatAdapter):
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _build_app(self) -> AsyncApp:
+        async def authorize(enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+            return await self._authorize(enterprise_id, team_id)
+
         app = AsyncApp(
-            client=self.client,
+            # bolt makes a client per request from this one's settings (base URL, timeout); its
+            # token comes from `authorize`, which answers from the one auth.test start() made
+            # (bolt's own authorization would call auth.test for every request of a first burst)
+            client=AsyncWebClient(base_url=self.settings.api_base_url, timeout=self.client.timeout),
+            authorize=authorize,
             # signatures are checked in `_http_endpoint` (so a refusal never logs the body)
             request_verification_enabled=False,
             signing_secret="unused",
@@ -723,6 +740,20 @@ class SlackAdapter(ChatAdapter):
         elif self._verifier is None:
             raise ValueError("slack.signing_secret is required in http mode")
         logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
+
+    async def _authorize(self, enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+        assert self.settings.bot_token is not None
+        if self.bot_user_id is None:  # a request before start() finished
+            auth = await self.call("auth.test", {})
+            self.bot_user_id, self.bot_id = auth.get("user_id"), auth.get("bot_id")
+            self.team_id = self.team_id or auth.get("team_id")
+        return AuthorizeResult(
+            enterprise_id=enterprise_id,
+            team_id=team_id or self.team_id,
+            bot_token=self.settings.bot_token.get_secret_value(),
+            bot_id=self.bot_id,
+            bot_user_id=self.bot_user_id,
+        )
 
     async def _socket_url(self) -> str:
         assert self.settings.app_token is not None
@@ -870,40 +901,63 @@ class SlackAdapter(ChatAdapter):
             if await self._quick("assistant.threads.setStatus", params, Priority.ACK, s.ack_wait_s):
                 message.extra[_SIGN] = "status"
         elif s.ack_reaction:
+            # Reactions have a small tier: once it is spoken for, an ephemeral note (a larger tier,
+            # and no channel post) is the sign of life instead of a wait nobody sees.
+            spent = self.budget.spare("reactions.add") < 1
+            if spent and s.ack_fallback_text and await self._ephemeral_ack(message):
+                return
             params = {"channel": message.channel, "name": s.ack_reaction, "timestamp": message.message_id}
             if await self._quick(
                 "reactions.add", params, Priority.ACK, s.ack_wait_s, accept=("already_reacted",)
             ):
                 message.extra[_SIGN] = "reaction"
 
+    async def _ephemeral_ack(self, message: IncomingMessage) -> bool:
+        params: dict[str, Any] = {
+            "channel": message.channel,
+            "user": message.user,
+            "text": self.settings.ack_fallback_text,
+        }
+        if message.thread_id and message.thread_id != message.message_id:
+            params["thread_ts"] = message.thread_id
+        if await self._quick("chat.postEphemeral", params, Priority.ACK, self.settings.ack_wait_s):
+            message.extra[_SIGN] = "ephemeral"  # nothing to swap later: it fades by itself
+            return True
+        return False
+
     async def conclude(self, message: IncomingMessage, *, ok: bool) -> None:
-        """Swap the sign of life for the done / failed reaction (or clear the thread status)."""
+        """Swap the sign of life for the done / failed reaction (or clear the thread status), in
+        the background at the lowest priority: Slack's reaction tiers are small, signs of life
+        for new questions go first, and the answer is already there."""
         sign = message.extra.get(_SIGN)
-        if sign is None:
+        if sign is None or sign == "ephemeral":
             return
         s = self.settings
-        wait = s.conclude_wait_s if self._submit is not None else 0.0  # stopping: no waiting
         if sign == "status":
             params = {"channel_id": message.channel, "thread_ts": message.thread_id, "status": ""}
-            await self._quick("assistant.threads.setStatus", params, Priority.BACKGROUND, wait)
+            self.housekeeping.add(lambda: self._background("assistant.threads.setStatus", params))
             return
         target = {"channel": message.channel, "timestamp": message.message_id}
-        await self._quick(
-            "reactions.remove",
-            {**target, "name": s.ack_reaction},
-            Priority.BACKGROUND,
-            wait,
-            accept=("no_reaction",),
-        )
         mark = s.done_reaction if ok else s.failed_reaction
-        if mark:
-            await self._quick(
-                "reactions.add",
-                {**target, "name": mark},
-                Priority.BACKGROUND,
-                wait,
-                accept=("already_reacted",),
-            )
+
+        async def swap() -> None:
+            await self._background("reactions.remove", {**target, "name": s.ack_reaction}, ("no_reaction",))
+            if mark:
+                await self._background("reactions.add", {**target, "name": mark}, ("already_reacted",))
+
+        self.housekeeping.add(swap)
+
+    async def _background(self, method: str, params: dict[str, Any], accept: tuple[str, ...] = ()) -> None:
+        with ticket(Priority.BACKGROUND):
+            try:
+                await self.call(method, params)
+            except SlackCallError as exc:
+                if exc.error not in accept:
+                    logger.info("slack %s failed: %s", method, exc)
+
+    async def close(self) -> None:
+        """Drop the reaction swaps not done yet (after the pipeline drained)."""
+        await self.housekeeping.close()
 
     # -- ChatAdapter ---------------------------------------------------------------------------
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:

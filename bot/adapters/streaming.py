@@ -146,7 +146,9 @@ class StreamingReply(ReplyStream):
     that fails raises the adapter's :class:`~bot.errors.PlatformError`.
 
     ``post_placeholder=False`` (a sign of life was already shown elsewhere): nothing is posted
-    until there is text, and an answer that is complete before then is posted once, final.
+    until there is text, and an answer that is complete before then is posted once, final; while
+    the app's edit budget is spent, the first post waits for the end too, so the answer costs one
+    post instead of a post and an edit.
     """
 
     edit_method = "edit"
@@ -185,6 +187,7 @@ class StreamingReply(ReplyStream):
         self._in_flight: asyncio.Future[Any] | None = None
         self._wake = asyncio.Event()
         self._closed = False
+        self._reserved = False
 
     @property
     def thread_id(self) -> str:
@@ -235,6 +238,14 @@ class StreamingReply(ReplyStream):
             if self._latest is None or self._latest == self._shown or self._closed:
                 continue
             posting = not self.message_ids
+            if posting and self.budget is not None:
+                if self.budget.spare(self.edit_method) < 1:
+                    # The app's edit budget is spoken for: partial text posted now needs an edit
+                    # later that other answers are waiting for. The sign of life already shows the
+                    # answer is coming; it is posted once, complete, by finish() (or when edits free up).
+                    continue
+                self.budget.reserve(self.edit_method)  # this answer's final edit
+                self._reserved = True
             method = self.post_method if posting else self.edit_method
             # The stream that waited longest since its last edit goes first among streams.
             since = self._started_at if self._last_edit == float("-inf") else self._last_edit
@@ -278,6 +289,9 @@ class StreamingReply(ReplyStream):
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
+        if self._reserved and self.budget is not None:
+            self.budget.unreserve(self.edit_method)  # the final edit is made below
+            self._reserved = False
         if self._editor is not None:
             self._editor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -9,6 +9,13 @@ and it can play Mattermost's part towards opsbot's HTTP endpoints: custom slash 
 (``application/x-www-form-urlencoded``) and interactive button actions (JSON POSTed to the
 button's ``integration.url`` with its ``context``).
 
+Reactions (``POST /reactions``, ``DELETE /users/{id}/posts/{id}/reactions/{emoji}``) and bot
+accounts (``GET /users/{id}``: ``is_bot``; the server marks their posts ``props.from_bot``) are
+served as the real server does. The server's rate limiter is on, with Mattermost's defaults
+(``RateLimitSettings``: 10 requests per second per user, a burst of 100): beyond it a call is
+answered 429 with ``Retry-After`` and ``X-Ratelimit-*``, and every call that arrives while a
+``Retry-After`` still runs is marked (:attr:`Call.inside_retry_after`).
+
 Faults are chosen per request by rules the test sets (:meth:`FakeMattermost.add_fault`): a
 status (429 with ``Retry-After`` and ``X-Ratelimit-*`` as the server's rate limiter sends them,
 or 500 / 503 with a JSON error body) with a probability or for the next N matching calls. The
@@ -66,6 +73,10 @@ class Call:
     query: dict[str, str]
     request_id: str
     fault: bool = False
+    limited: bool = False
+    """Answered 429 by the server's rate limiter (not an injected fault)."""
+    inside_retry_after: bool = False
+    """Arrived while a ``Retry-After`` the server gave this user was still running."""
 
 
 @dataclass
@@ -93,6 +104,7 @@ class WsConn:
     silent: bool = False
     posted_sent: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeMattermost:
@@ -104,7 +116,9 @@ class FakeMattermost:
         bot_token: str = "bot-token",
         max_post_size: int | None = MAX_POST_SIZE,
         ssl_context: ssl.SSLContext | None = None,
+        rate_limit: tuple[float, int] | None = (10.0, 100),
     ) -> None:
+        """``rate_limit``: the server's ``(PerSec, MaxBurst)`` per user (``None``: off)."""
         self.ssl_context = ssl_context
         """Serve HTTPS / WSS with this context (``None``: plain HTTP)."""
         self.team_id = new_id()
@@ -122,6 +136,15 @@ class FakeMattermost:
         self.ws_conns: list[WsConn] = []
         self.ws_connects = 0
         self.ws_drops = 0
+        self.rate_limit = rate_limit
+        self._gcra: dict[str, float] = {}
+        self._limited_until: dict[str, float] = {}
+        self.reactions: dict[str, list[dict[str, Any]]] = {}
+        """post id -> reactions on it."""
+        self.reaction_log: list[tuple[float, str, str, str]] = []
+        """``(monotonic, "add" | "remove", post id, emoji)`` of every reaction call that took effect."""
+        self.ws_log: list[dict[str, Any]] = []
+        """Every websocket: ``authenticated_at``, ``stalled_at``, ``closed_at`` (monotonic)."""
         self._pending_ids: dict[str, str] = {}
         self._command_urls: dict[str, dict[str, Any]] = {}
         self.bot_user_id = self.add_user("opsbot", is_bot=True, token=bot_token)
@@ -155,6 +178,10 @@ class FakeMattermost:
         app.router.add_put(f"{api}/posts/{{post_id}}/patch", self._patch_post)
         app.router.add_get(f"{api}/posts/{{post_id}}/thread", self._get_thread)
         app.router.add_get(f"{api}/config/client", self._client_config)
+        app.router.add_post(f"{api}/reactions", self._save_reaction)
+        app.router.add_delete(
+            f"{api}/users/{{user_id}}/posts/{{post_id}}/reactions/{{emoji}}", self._delete_reaction
+        )
         app.router.add_post("/hooks/commands/{hook_id}", self._command_response_url)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
@@ -262,9 +289,15 @@ class FakeMattermost:
         root_id: str = "",
         props: dict[str, Any] | None = None,
         type: str = "",
+        mark_bot: bool = True,
     ) -> dict[str, Any]:
-        """A user (or another bot) posts: stored, then broadcast as ``posted`` to members."""
-        post = self._store_post(user_id, channel_id, message, root_id=root_id, props=props, type=type)
+        """A user (or another bot) posts: stored, then broadcast as ``posted`` to members.
+
+        ``mark_bot=False``: a bot account's post without ``props.from_bot`` (plugins and older
+        servers create such posts; only ``GET /users/{id}`` tells)."""
+        post = self._store_post(
+            user_id, channel_id, message, root_id=root_id, props=props, type=type, mark_bot=mark_bot
+        )
         await self._broadcast_posted(post)
         return post
 
@@ -356,7 +389,9 @@ class FakeMattermost:
     def go_silent(self) -> None:
         """Half-open: current sockets get no more frames and their pings go unanswered."""
         for conn in self.ws_conns:
-            conn.silent = True
+            if not conn.silent:
+                conn.silent = True
+                conn.record["stalled_at"] = time.monotonic()
 
     # -- queries for tests ----------------------------------------------------------------------
     def bot_posts(self, channel_id: str | None = None) -> list[dict[str, Any]]:
@@ -424,9 +459,16 @@ class FakeMattermost:
         if path.endswith("/websocket") or path.startswith("/hooks/"):
             resp: web.StreamResponse = await handler(request)
             return resp
-        fault = self._match_fault(request.method, path)
+        user_key = request.headers.get("Authorization", "") or request.cookies.get("MMAUTHTOKEN", "")
+        inside = started < self._limited_until.get(user_key, -1.0)
+        wait = self._throttle(user_key, started)
+        fault = self._match_fault(request.method, path) if wait <= 0 else None
         is_fault = False
-        if fault is not None and not fault.after:
+        limited = wait > 0
+        if limited:
+            resp = self._limit_response(wait, request_id)
+            self._limited_until[user_key] = started + float(resp.headers["Retry-After"])
+        elif fault is not None and not fault.after:
             resp = self._fault_response(fault, request_id)
             is_fault = True
         else:
@@ -455,10 +497,39 @@ class FakeMattermost:
                 dict(request.query),
                 request_id,
                 is_fault,
+                limited,
+                inside,
             )
         )
         await self._notify()
         return resp
+
+    def _throttle(self, user_key: str, now: float) -> float:
+        """Mattermost's limiter (throttled's GCRA): seconds until this user's call would conform."""
+        if self.rate_limit is None:
+            return 0.0
+        per_sec, burst = self.rate_limit
+        interval = 1.0 / per_sec
+        tat = max(self._gcra.get(user_key, now), now)
+        if tat - now > burst * interval:
+            return tat - now - burst * interval
+        self._gcra[user_key] = tat + interval
+        return 0.0
+
+    def _limit_response(self, wait: float, request_id: str) -> web.Response:
+        assert self.rate_limit is not None
+        retry = max(1, int(wait + 0.999))  # throttled rounds the wait up to whole seconds
+        return web.Response(
+            status=429,
+            text="limit exceeded\n",
+            headers={
+                "Retry-After": str(retry),
+                "X-Ratelimit-Limit": str(int(self.rate_limit[0])),
+                "X-Ratelimit-Remaining": "0",
+                "X-Ratelimit-Reset": str(retry),
+                "X-Request-Id": request_id,
+            },
+        )
 
     def _match_fault(self, method: str, path: str) -> Fault | None:
         for fault in self.faults:
@@ -646,6 +717,53 @@ class FakeMattermost:
         await self._broadcast("post_edited", {"post": json.dumps(post)}, post["channel_id"], exclude=None)
         return self._json(post, rid)
 
+    async def _save_reaction(self, request: web.Request) -> web.Response:
+        rid = request[REQUEST_ID]
+        body = await request.json()
+        if not isinstance(body, dict) or body.get("user_id") != request[USER_ID]:
+            return self._error(
+                403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
+            )
+        post = self.posts.get(str(body.get("post_id", "")))
+        emoji = str(body.get("emoji_name", ""))
+        if post is None or request[USER_ID] not in self.members[post["channel_id"]]:
+            return self._error(
+                403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
+            )
+        if not re.fullmatch(r"[a-zA-Z0-9_+-]{1,64}", emoji):
+            return self._error(
+                400, "model.reaction.is_valid.emoji_name.app_error", "Invalid emoji name.", rid
+            )
+        reaction = {
+            "user_id": request[USER_ID],
+            "post_id": post["id"],
+            "emoji_name": emoji,
+            "create_at": now_ms(),
+        }
+        existing = self.reactions.setdefault(post["id"], [])
+        if not any(r["user_id"] == reaction["user_id"] and r["emoji_name"] == emoji for r in existing):
+            existing.append(reaction)  # the server saves a repeated reaction once
+            self.reaction_log.append((time.monotonic(), "add", post["id"], emoji))
+        return self._json(reaction, rid)
+
+    async def _delete_reaction(self, request: web.Request) -> web.Response:
+        rid = request[REQUEST_ID]
+        user, post_id, emoji = (request.match_info[k] for k in ("user_id", "post_id", "emoji"))
+        if user != request[USER_ID]:
+            return self._error(
+                403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
+            )
+        existing = self.reactions.get(post_id, [])
+        kept = [r for r in existing if not (r["user_id"] == user and r["emoji_name"] == emoji)]
+        if len(kept) != len(existing):
+            self.reactions[post_id] = kept
+            self.reaction_log.append((time.monotonic(), "remove", post_id, emoji))
+        return self._json({"status": "OK"}, rid)
+
+    def reaction_names(self, post_id: str) -> list[str]:
+        """Emoji on ``post_id`` now, in the order they were added."""
+        return [r["emoji_name"] for r in self.reactions.get(post_id, [])]
+
     async def _get_thread(self, request: web.Request) -> web.Response:
         posts = self.thread(request.match_info["post_id"])
         body = {"order": [p["id"] for p in posts], "posts": {p["id"]: p for p in posts}}
@@ -697,6 +815,7 @@ class FakeMattermost:
         props: dict[str, Any] | None = None,
         type: str = "",
         pending_post_id: str = "",
+        mark_bot: bool = True,
     ) -> dict[str, Any]:
         ts = now_ms()
         # create_at is unique and increasing per server, as clients rely on for paging.
@@ -721,7 +840,7 @@ class FakeMattermost:
             "reply_count": 0,
             "metadata": {},
         }
-        if self.users.get(user_id, {}).get("is_bot") and user_id != self.bot_user_id:
+        if mark_bot and self.users.get(user_id, {}).get("is_bot") and user_id != self.bot_user_id:
             post["props"].setdefault("from_bot", "true")
         self.posts[post["id"]] = post
         self.channels[channel_id]["last_post_at"] = ts
@@ -783,6 +902,8 @@ class FakeMattermost:
         ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)
         conn = WsConn(ws)
+        conn.record = {"opened_at": time.monotonic(), "authenticated_at": None, "stalled_at": None}
+        self.ws_log.append(conn.record)
         self.ws_conns.append(conn)
         self.ws_connects += 1
         try:
@@ -819,6 +940,7 @@ class FakeMattermost:
                         await ws.close()
                         break
                     conn.user_id = user
+                    conn.record["authenticated_at"] = time.monotonic()
                     hello = {
                         "event": "hello",
                         "data": {
@@ -843,6 +965,7 @@ class FakeMattermost:
                         )
                     )
         finally:
+            conn.record["closed_at"] = time.monotonic()
             conn.closed.set()
             with contextlib.suppress(ValueError):
                 self.ws_conns.remove(conn)

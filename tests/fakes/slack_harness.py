@@ -84,6 +84,7 @@ async def start_bot(
     db_url: str | None = None,
     admission: dict[str, Any] | None = None,
     wrap_engine: Callable[[Engine], Engine] | None = None,
+    max_tokens: int | None = None,
     **slack_overrides: Any,
 ) -> SlackBot:
     """Store -> CPU engine -> pipeline -> Slack adapter (and its HTTP routes), as bot/app.py wires them."""
@@ -91,7 +92,10 @@ async def start_bot(
         data_dir=data_dir,
         engine={"backend": "cpu", "model": str(model), "max_model_len": 1024, "drain_timeout_s": 2},
         store={"url": db_url or f"sqlite+aiosqlite:///{data_dir / 'opsbot.db'}"},
-        scenarios=dict.fromkeys(("chat", "root_cause", "change_review", "alert_summary"), SHORT),
+        scenarios=dict.fromkeys(
+            ("chat", "root_cause", "change_review", "alert_summary"),
+            SHORT if max_tokens is None else {"max_tokens": max_tokens},
+        ),
         admission=admission or {},
         slack=slack_settings(fake, mode, **slack_overrides).model_dump(mode="python"),
     )

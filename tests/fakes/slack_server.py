@@ -59,7 +59,7 @@ TIERS: dict[str, tuple[float, int]] = {
     "chat.appendStream": (100, 20),
     "chat.startStream": (20, 5),
     "chat.stopStream": (20, 5),
-    "chat.postEphemeral": (100, 20),
+    "chat.postEphemeral": (100, 40),
     "chat.postMessage": (300, 30),
     "reactions.add": (50, 40),
     "reactions.remove": (20, 10),
@@ -729,7 +729,11 @@ class FakeSlack:
                 if len(chunk["text"]) > 12_000:
                     return "msg_too_long"
             elif kind == "task_update":
-                if not chunk.get("id") or not chunk.get("title") or chunk.get("status") not in _CHUNK_STATUSES:
+                if (
+                    not chunk.get("id")
+                    or not chunk.get("title")
+                    or chunk.get("status") not in _CHUNK_STATUSES
+                ):
                     return "invalid_chunks"
             elif kind == "plan_update":
                 if not chunk.get("title"):
@@ -931,7 +935,9 @@ class FakeSlack:
         limit = int(params.get("limit") or 1000)
         return {
             "ok": True,
-            "messages": [m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in thread[:limit]],
+            "messages": [
+                m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in thread[:limit]
+            ],
             "has_more": len(thread) > limit,
             "response_metadata": {"next_cursor": ""},
         }

@@ -77,6 +77,9 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
             "retry": {"initial_s": 0.05, "max_s": 0.3},
             "channel_post_interval_s": 0.0,
             "request_timeout_s": 10.0,
+            # The older delivery tests watch the placeholder being edited: pin it (tests of the
+            # shipped default pass post_placeholder="auto").
+            "post_placeholder": "always",
         }
         fields.update(overrides)
         settings = MattermostSettings(**fields)

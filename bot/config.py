@@ -368,10 +368,11 @@ class MattermostSettings(AccessSettings):
     rate_budgets: bool = True
     """Share the server's rate limit (``rate_limit``) and the per-channel post limit between every
     answer in flight; off: calls go out as soon as answers make them (a 429 still waits)."""
-    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit(per_minute=650, burst=50))
-    """Budget for every REST call of the bot account: Mattermost's rate limiter allows 10 requests
-    per second per user by default (``RateLimitSettings.PerSec``) with a burst of 100
-    (``MaxBurst``); the default keeps the rate and half the burst."""
+    rate_limit: RateLimit = Field(default_factory=lambda: RateLimit(per_minute=700, burst=100))
+    """Budget for every REST call of the bot account: the server's rate limiter defaults, 10
+    requests per second per user (``RateLimitSettings.PerSec``) with a burst of 100 (``MaxBurst``),
+    i.e. at most 700 in any minute. Replicas sharing one bot account share the server's budget:
+    divide it between them."""
     channel_post_burst: int = Field(3, ge=1)
     """New posts to one channel that may go at once (then one per ``channel_post_interval_s``)."""
     post_placeholder: Literal["auto", "always"] = "auto"

@@ -195,6 +195,7 @@ class MattermostAdapter(ChatAdapter):
         self._gap_generation = 0
         self._mention_re: re.Pattern[str] | None = None
         self._users: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
+        self._user_lookups: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.ws_replaced = 0
         self.housekeeping = Housekeeping("mattermost")
         """Reaction swaps after answers (background, lowest priority)."""
@@ -544,7 +545,8 @@ class MattermostAdapter(ChatAdapter):
         channel = str(post.get("channel_id", ""))
         ctype = str(data.get("channel_type") or self._channel_types.get(channel, "O"))
         self._channel_types.setdefault(channel, ctype)
-        await self._consider(post, ctype, mentions)
+        # In its own task: a user look-up or a store query must not hold up the next frames.
+        self._spawn(self._consider(post, ctype, mentions), f"mattermost-post-{post.get('id', '')}")
 
     async def _consider(self, post: dict[str, Any], ctype: str, mentions: list[str] | None) -> int:
         """Turn one post into a message for the pipeline if opsbot should answer it; 1 if so."""
@@ -603,8 +605,19 @@ class MattermostAdapter(ChatAdapter):
         if user_id in self._users:
             self._users.move_to_end(user_id)
             return self._users[user_id]
+        pending = self._user_lookups.get(user_id)
+        if pending is None:  # one look-up per account, however many of its posts arrive at once
+            pending = self._user_lookups[user_id] = asyncio.ensure_future(self._look_up(user_id))
         try:
-            user: dict[str, Any] | None = await self.rest.get_user(user_id)
+            return await asyncio.shield(pending)
+        finally:
+            if pending.done():
+                self._user_lookups.pop(user_id, None)
+
+    async def _look_up(self, user_id: str) -> dict[str, Any] | None:
+        try:
+            with ticket(Priority.ACK):  # on the way to the sign of life
+                user: dict[str, Any] | None = await self.rest.get_user(user_id)
         except MattermostAPIError as exc:
             # Unknown is not remembered: the props checks still apply, the next post asks again.
             logger.info("mattermost: cannot look up user %s (%s)", user_id, exc)

@@ -18,6 +18,7 @@ from inference.engine import (
     ChatMessage,
     ChatTokenizer,
     Engine,
+    EngineGenerateError,
     EngineHealth,
     EngineStats,
     GenerationEvent,
@@ -70,3 +71,11 @@ class PacedEngine(Engine):
     @property
     def tokenizer(self) -> ChatTokenizer:
         return self.inner.tokenizer
+
+
+class FailingEngine(PacedEngine):
+    """The real engine whose every generation fails after a first piece of text (a failed answer)."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        yield TextDelta("Looking at the pods ")
+        raise EngineGenerateError("the model ran out of memory")

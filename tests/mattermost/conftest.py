@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,13 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
     """``await start_bot(max_tokens=..., **settings)``: a started bot; stopped after the test."""
     bots: list[Bot] = []
 
-    async def factory(*, max_tokens: int = 3, bot_store: Store | None = None, **overrides: Any) -> Bot:
+    async def factory(
+        *,
+        max_tokens: int = 3,
+        bot_store: Store | None = None,
+        wrap_engine: Callable[[Engine], Engine] | None = None,
+        **overrides: Any,
+    ) -> Bot:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -85,7 +91,7 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
         settings = MattermostSettings(**fields)
         the_store = bot_store or store
         adapter = MattermostAdapter(settings, the_store)
-        pipeline = make_pipeline(engine, the_store, max_tokens)
+        pipeline = make_pipeline(wrap_engine(engine) if wrap_engine else engine, the_store, max_tokens)
         app = web.Application()
         app.add_routes(adapter.http_routes())
         runner = web.AppRunner(app, handle_signals=False)

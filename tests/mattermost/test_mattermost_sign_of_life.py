@@ -19,7 +19,7 @@ async def test_eyes_come_before_the_answer_and_are_swapped_for_a_check_mark(
 ) -> None:
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
-    bot = await start_bot(post_placeholder="auto")
+    await start_bot(post_placeholder="auto")
     post = await fake.user_posts(alice, channel, "@opsbot why is checkout slow?")
     await fake.wait_for(lambda: answered(fake, post["id"]))
     await fake.wait_for(lambda: fake.reaction_names(post["id"]) == ["white_check_mark"])
@@ -40,7 +40,7 @@ async def test_a_failed_answer_ends_with_the_failed_reaction(
 ) -> None:
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
-    bot = await start_bot(post_placeholder="auto", wrap_engine=FailingEngine)
+    await start_bot(post_placeholder="auto", wrap_engine=FailingEngine)
     post = await fake.user_posts(alice, channel, "@opsbot why is checkout slow?")
     await fake.wait_for(lambda: answered(fake, post["id"]))
     await fake.wait_for(lambda: fake.reaction_names(post["id"]) == ["warning"])

@@ -77,6 +77,8 @@ class Call:
     """Answered 429 by the server's rate limiter (not an injected fault)."""
     inside_retry_after: bool = False
     """Arrived while a ``Retry-After`` the server gave this user was still running."""
+    window_from: float | None = None
+    """When that ``Retry-After`` window began (the arrival of the call answered 429)."""
 
 
 @dataclass
@@ -139,6 +141,7 @@ class FakeMattermost:
         self.rate_limit = rate_limit
         self._gcra: dict[str, float] = {}
         self._limited_until: dict[str, float] = {}
+        self._limited_from: dict[str, float] = {}
         self.reactions: dict[str, list[dict[str, Any]]] = {}
         """post id -> reactions on it."""
         self.reaction_log: list[tuple[float, str, str, str]] = []
@@ -461,16 +464,19 @@ class FakeMattermost:
             return resp
         user_key = request.headers.get("Authorization", "") or request.cookies.get("MMAUTHTOKEN", "")
         inside = started < self._limited_until.get(user_key, -1.0)
+        window_from = self._limited_from.get(user_key) if inside else None
         wait = self._throttle(user_key, started)
         fault = self._match_fault(request.method, path) if wait <= 0 else None
         is_fault = False
         limited = wait > 0
         if limited:
             resp = self._limit_response(wait, request_id)
-            self._limited_until[user_key] = started + float(resp.headers["Retry-After"])
+            self._limit(user_key, started, float(resp.headers["Retry-After"]))
         elif fault is not None and not fault.after:
             resp = self._fault_response(fault, request_id)
             is_fault = True
+            if fault.status == 429:  # the limiter's Retry-After counts for every call of the user
+                self._limit(user_key, started, fault.retry_after)
         else:
             user = self._auth(request)
             if user is None:
@@ -499,10 +505,17 @@ class FakeMattermost:
                 is_fault,
                 limited,
                 inside,
+                window_from,
             )
         )
         await self._notify()
         return resp
+
+    def _limit(self, user_key: str, at: float, retry_after: float) -> None:
+        if at + retry_after > self._limited_until.get(user_key, -1.0):
+            if self._limited_until.get(user_key, -1.0) < at:
+                self._limited_from[user_key] = at
+            self._limited_until[user_key] = at + retry_after
 
     def _throttle(self, user_key: str, now: float) -> float:
         """Mattermost's limiter (throttled's GCRA): seconds until this user's call would conform."""

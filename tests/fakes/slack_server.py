@@ -103,6 +103,8 @@ class FaultRule:
 
     ``methods``: Web API methods it applies to (``None``: all but auth/connection methods).
     ``times``: stop after injecting this many faults (``None``: no limit).
+    ``after``: a ``server_error`` / ``dropped`` fault comes after the call took effect (the message
+    is stored, the client cannot know: what a retried post must not post twice).
     """
 
     methods: frozenset[str] | None = CHAT_METHODS
@@ -111,6 +113,7 @@ class FaultRule:
     dropped: float = 0.0
     retry_after_s: int = 1
     times: int | None = None
+    after: bool = False
     seed: int = 0
     injected: int = 0
     _rng: random.Random = field(init=False)
@@ -156,6 +159,8 @@ class ApiCall:
     retry_after_s: int | None = None
     inside_retry_after: bool = False
     """The call arrived while a ``Retry-After`` the fake gave for its method was still running."""
+    window_from: float | None = None
+    """When that ``Retry-After`` window began (the arrival of the call answered 429)."""
 
     @property
     def channel(self) -> str | None:
@@ -303,6 +308,7 @@ class FakeSlack:
         self.stream_error = stream_error
         self._buckets: dict[str, TokenBucket] = {}
         self._limited_until: dict[str, float] = {}
+        self._limited_from: dict[str, float] = {}
         self.thread_statuses: list[tuple[float, str, str, str]] = []
         """``(fake clock, channel, thread_ts, status)`` of every ``assistant.threads.setStatus``."""
         self.socket_log: list[SocketRecord] = []
@@ -310,6 +316,9 @@ class FakeSlack:
         self._records: dict[int, SocketRecord] = {}
         self._sockets: dict[int, web.WebSocketResponse] = {}
         self._stalled: set[int] = set()
+        self.refuse_links = 0
+        """The next this many websocket connects are answered 503."""
+        self.links_refused = 0
         self._tickets: set[str] = set()
         self._conn_ids = itertools.count(1)
         self._rr = itertools.count()
@@ -525,10 +534,12 @@ class FakeSlack:
         self.calls.append(call)
         try:
             call.inside_retry_after = call.at < self._limited_until.get(method, -math.inf)
+            if call.inside_retry_after:
+                call.window_from = self._limited_from.get(method)
             wait = self._rate_limit(method, call.channel, call.at)
             if wait > 0:
                 retry_after = max(1, math.ceil(wait))
-                self._limited_until[method] = max(self._limited_until.get(method, 0.0), call.at + retry_after)
+                self._limit(method, call.at, retry_after)
                 call.ok, call.fault, call.status = False, "tier", 429
                 call.error, call.retry_after_s = "ratelimited", retry_after
                 return web.json_response(
@@ -544,14 +555,14 @@ class FakeSlack:
                 call.ok = False
                 if fault == "ratelimited":
                     call.status, call.error, call.retry_after_s = 429, "ratelimited", rule.retry_after_s
-                    self._limited_until[method] = max(
-                        self._limited_until.get(method, 0.0), call.at + rule.retry_after_s
-                    )
+                    self._limit(method, call.at, rule.retry_after_s)
                     return web.json_response(
                         {"ok": False, "error": "ratelimited"},
                         status=429,
                         headers={"Retry-After": str(rule.retry_after_s)},
                     )
+                if rule.after:  # it takes effect, then the answer is lost
+                    self._dispatch(method, params, request.headers.get("Authorization", ""))
                 if fault == "server_error":
                     call.status, call.error = 500, "internal_error"
                     return web.Response(
@@ -569,6 +580,12 @@ class FakeSlack:
             return web.json_response(result)
         finally:
             await self._notify()
+
+    def _limit(self, method: str, at: float, retry_after: float) -> None:
+        if at + retry_after > self._limited_until.get(method, -math.inf):
+            if self._limited_until.get(method, -math.inf) < at:
+                self._limited_from[method] = at
+            self._limited_until[method] = at + retry_after
 
     def _rate_limit(self, method: str, channel: str | None, now: float) -> float:
         """Seconds until the call would be allowed (0: allowed now, its tokens are taken)."""
@@ -999,6 +1016,11 @@ class FakeSlack:
         ticket = request.query.get("ticket", "")
         if ticket not in self._tickets:
             return web.Response(status=401, text="invalid ticket")
+        if self.refuse_links > 0:  # the websocket endpoint is having trouble
+            self.refuse_links -= 1
+            self.links_refused += 1
+            await self._notify()
+            return web.Response(status=503, text="service unavailable")
         self._tickets.discard(ticket)
         ws = web.WebSocketResponse(autoping=False)
         await ws.prepare(request)

@@ -114,3 +114,32 @@ async def test_64_concurrent_answers_over_16_channels_stay_inside_the_servers_ra
     fake: FakeMattermost, start_bot: BotFactory
 ) -> None:
     _check(await _burst(fake, start_bot, 64, 16))
+
+
+@pytest.mark.timeout(120)
+async def test_a_retry_after_for_one_call_holds_every_call_of_the_bot_account(
+    fake: FakeMattermost, start_bot: BotFactory
+) -> None:
+    users = [fake.add_user(f"oncall{i}") for i in range(4)]
+    rooms = [fake.add_channel(f"incident-{c}", [*users, fake.bot_user_id]) for c in range(4)]
+    await start_bot(
+        max_tokens=30, wrap_engine=lambda e: PacedEngine(e, 0.05), **{**SHIPPED, "edit_interval_s": 0.3}
+    )
+    fault = fake.add_fault("PUT", r"/api/v4/posts/\w+/patch", 429, probability=0.4, count=5, retry_after=1.0)
+    roots = [
+        (await fake.user_posts(users[i % 4], rooms[i % 4], f"@opsbot check {i}"))["id"] for i in range(8)
+    ]
+
+    def done() -> bool:
+        return all(
+            any(FOOTER_MARK in p["message"] for p in fake.bot_posts() if p["root_id"] == r) for r in roots
+        )
+
+    await fake.wait_for(done, timeout=90)
+    assert fault.remaining == 0
+    # The server's limiter counts every request of the user: after a 429 nothing at all went out
+    # (edits, posts, reactions, any channel) before its Retry-After had passed. Calls already on
+    # their way arrive within milliseconds of it (client and fake share one event loop).
+    late = [c for c in fake.calls if c.inside_retry_after and c.started - (c.window_from or 0) > 0.1]
+    assert not late, late
+    assert all(len([p for p in fake.bot_posts() if p["root_id"] == r]) == 1 for r in roots)

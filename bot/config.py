@@ -103,7 +103,8 @@ class RateLimit(ConfigSection):
     window, of which ``burst`` may go at once; the rest refill evenly over the minute."""
 
     per_minute: float = Field(gt=0)
-    """Most calls in any 60 s window (a Slack tier's number: Tier 2 20, Tier 3 50, Tier 4 100)."""
+    """Most calls in any 60 s window (Slack's tiers: Tier 2 20, Tier 3 50, Tier 4 100; Mattermost's
+    limiter: 60 x ``PerSec`` + ``MaxBurst``)."""
     burst: int = Field(1, ge=1)
     """Calls that may start at once after a quiet spell (the rest of ``per_minute`` refills evenly)."""
 
@@ -233,7 +234,8 @@ class SlackSettings(AccessSettings):
     edit_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two edits of one streamed message."""
     channel_post_interval_s: float = Field(1.0, ge=0)
-    """Least seconds between two new posts to one channel."""
+    """Seconds per new post to one channel once its burst (``channel_post_burst``) is spent; a post's
+    turn counts from when the previous one completed (0: no per-channel limit)."""
     retry: RetrySettings = Field(default_factory=RetrySettings)
     """Web API call retries: 429s wait ``Retry-After`` up to ``patience_s``; 5xx and connection
     errors back off up to ``max_retries`` times."""
@@ -345,7 +347,8 @@ class MattermostSettings(AccessSettings):
     edit_interval_s: float = Field(1.0, ge=0)
     """Least seconds between two edits of one streamed post."""
     websocket_silence_s: float = Field(60.0, gt=0)
-    """Reconnect when no websocket frame arrived for this long (half-open connections)."""
+    """Reconnect when no websocket frame arrived for this long (pings with a deadline, below, find a
+    half-open socket sooner)."""
     reconnect: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None, max_s=60.0))
     """Websocket reconnects and the REST catch-up after them (retried for ever, with backoff)."""
     retry: RetrySettings = Field(default_factory=lambda: RetrySettings(max_s=20.0))
@@ -354,8 +357,8 @@ class MattermostSettings(AccessSettings):
     request_timeout_s: float = Field(30.0, gt=0)
     """Deadline of one REST call (a timeout counts as a connection error and is retried)."""
     channel_post_interval_s: float = Field(0.1, ge=0)
-    """Least seconds between two new posts to one channel (the server's default rate limit is
-    10 requests per second per user)."""
+    """Seconds per new post to one channel once its burst (``channel_post_burst``) is spent (0: no
+    per-channel limit; every call also counts against ``rate_limit``)."""
     slash_command_wait_s: float = Field(2.0, ge=0, lt=3)
     """``/rca help`` and ``/rca status``: seconds the command's HTTP response waits for the text so
     it can carry it directly (later text goes to the ``response_url``)."""

@@ -1,8 +1,9 @@
 """The terminal adapter: the whole pipeline in a REPL (the embedded default, no chat platform).
 
 One session is one thread: the first line is a question, later lines are follow-ups with the
-session's history; ``/rca ...`` works as in Slack. Tokens are printed as they arrive, and each
-answer ends with a footer line: TTFT, TPOT, tokens, sources.
+session's history; ``/rca ...`` works as in Slack. What each context source gave is shown once
+gathered, tokens are printed as they arrive, and each answer ends with a footer line: TTFT, TPOT,
+tokens, sources.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import getpass
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TextIO
 
 from rich.console import Console
 
 from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.adapters.streaming import format_footer_line
-from bot.types import FinalAnswer, IncomingMessage, MessageKind
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 
 PROMPT = "opsbot> "
 QUIT_WORDS = {"/quit", "/exit", ":q"}
@@ -36,6 +38,16 @@ class ConsoleReply(ReplyStream):
     @property
     def thread_id(self) -> str:
         return self._thread_id
+
+    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        """One dim line once context is gathered: ``kubernetes ✓ · prometheus ✗ timeout``."""
+        if not sources:
+            return
+        marks = " · ".join(
+            f"{s.name} ✓" if s.status in ("ok", "empty", "skipped") else f"{s.name} ✗ {s.status}"
+            for s in sources
+        )
+        self._console.print(f"[dim]context: {marks}[/dim]", highlight=False)
 
     async def update(self, text: str) -> None:
         # Redaction may rewrite text already shown; then wait for the final answer to reprint.

@@ -108,7 +108,6 @@ async def test_32_concurrent_answers_over_4_channels_stay_inside_the_servers_rat
     _check(await _burst(fake, start_bot, 32, 4))
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_64_concurrent_answers_over_16_channels_stay_inside_the_servers_rate_limit(
     fake: FakeMattermost, start_bot: BotFactory

@@ -87,7 +87,6 @@ async def test_32_concurrent_answers_over_4_channels_stay_inside_slacks_tiers_an
     _check(await _burst(slack, make_bot, 32, 4))
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_64_concurrent_answers_over_16_channels_stay_inside_slacks_tiers_and_none_is_lost(
     slack: FakeSlack, make_bot: BotFactory

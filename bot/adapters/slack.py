@@ -236,7 +236,7 @@ class SlackWebClient(AsyncWebClient):
         while True:
             async with self.rate_budget.slot(api_method, channel):
                 try:
-                    return await super().api_call(
+                    response = await super().api_call(
                         api_method,
                         http_verb=http_verb,
                         files=files,
@@ -246,15 +246,19 @@ class SlackWebClient(AsyncWebClient):
                         headers=headers,
                         auth=auth,
                     )
+                    count_chat_call(PLATFORM, api_method, "ok")
+                    return response
                 except SlackApiError as exc:
                     status = exc.response.status_code
                     body = exc.response.data
                     error = str(body.get("error", "")) if isinstance(body, dict) else ""
                     detail = error or f"HTTP {status}"
                     if status != 429 and status < 500:
+                        count_chat_call(PLATFORM, api_method, "rejected")
                         raise slack_error(
                             api_method, detail, http_status=status, response=exc.response
                         ) from exc
+                    count_chat_call(PLATFORM, api_method, "ratelimited" if status == 429 else "server_error")
                     try:
                         if status == 429:
                             reason = "ratelimited"
@@ -277,6 +281,7 @@ class SlackWebClient(AsyncWebClient):
                         ) from exc
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     reason, detail, status = "connection", type(exc).__name__, None
+                    count_chat_call(PLATFORM, api_method, reason)
                     try:
                         delay = budget.after_failure(detail)
                     except RetriesExhausted as gave_up:
@@ -528,6 +533,8 @@ class _NativeRendering(ReplyStream):
         # What was sent is recorded here, not in the loop: finish() may stop the loop mid-call.
         await self.stream.append(markdown_text=delta)
         self._sent += delta
+        if self.first_visible_at is None:
+            self.first_visible_at = time.perf_counter()
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
@@ -564,6 +571,8 @@ class _NativeRendering(ReplyStream):
                     )
             if not streamed:
                 await self._repair(first, answer if single else None)
+            if self.first_visible_at is None:
+                self.first_visible_at = time.perf_counter()
             for i, chunk in enumerate(chunks[1:], start=1):
                 await self._adapter.post_piece(
                     self.channel,
@@ -630,6 +639,16 @@ class SlackReply(ReplyStream):
         edit = _EditRendering(adapter, message, self._thread_ts)
         await edit.start()
         self._rendering, self.rendering = edit, "edit"
+
+    @property  # type: ignore[override]
+    def first_visible_at(self) -> float | None:
+        """When answer text first reached Slack (the rendering's own record)."""
+        return self._rendering.first_visible_at if self._rendering is not None else None
+
+    @first_visible_at.setter
+    def first_visible_at(self, value: float | None) -> None:
+        if self._rendering is not None:
+            self._rendering.first_visible_at = value
 
     @property
     def _r(self) -> ReplyStream:

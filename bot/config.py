@@ -477,6 +477,75 @@ class ContextSettings(ConfigSection):
     """Overall deadline for all providers together."""
     cache_ttl_s: float = Field(15.0, ge=0)
     """Seconds a provider's answer is reused for the same query (incident bursts)."""
+    default_cluster: str = Field("default", min_length=1)
+    """Name of the default cluster (footers, channel scopes, questions naming it): the one
+    ``[kubernetes]`` / ``[prometheus]`` describe, or the ``[clusters.<name>]`` entry of this name."""
+    default_cluster_aliases: list[str] = Field(default_factory=list)
+    """Other words that name the default cluster in a question (``"in prod ..."``)."""
+
+
+class ClusterSettings(ConfigSection):
+    """One more cluster (``[clusters.<name>]``): its own Kubernetes and Prometheus providers, each
+    with its own timeout, and its own context cache."""
+
+    aliases: list[str] = Field(default_factory=list)
+    """Other words that name this cluster in a question (``"in europe ..."``); its name always does."""
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    """This cluster's Kubernetes API (``[clusters.<name>.kubernetes]``, the fields of ``[kubernetes]``)."""
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    """This cluster's Prometheus (``[clusters.<name>.prometheus]``, the fields of ``[prometheus]``)."""
+    cache_ttl_s: float | None = Field(None, ge=0)
+    """Seconds this cluster's answers are reused (unset: ``context.cache_ttl_s``)."""
+
+
+class ChannelScopeSettings(ConfigSection):
+    """One channel scope (``[[scope.channels]]``): which clusters and namespaces its channels see."""
+
+    match: list[str] = Field(min_length=1)
+    """Channel ids (``C0123ABCD``, a Mattermost channel id) or, starting with ``#``, shell-style
+    patterns of channel names (``#inc-payments-*``)."""
+    platform: Literal["slack", "mattermost", "console"] | None = None
+    """Only channels of this platform (unset: any)."""
+    clusters: list[str] = Field(default_factory=list)
+    """Clusters these channels may read: one named in the question is used, else the first (empty:
+    the default cluster)."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces they may read in those clusters (empty: each cluster's configured namespaces); must
+    lie inside a cluster's ``kubernetes.namespaces`` where that is set."""
+
+
+class ScopeSettings(ConfigSection):
+    """Per-channel cluster scope: which clusters and namespaces an answer in a channel may read."""
+
+    channels: list[ChannelScopeSettings] = Field(default_factory=list)
+    """Channel scopes, first match wins, e.g. ``[[scope.channels]] match = ["#inc-payments-*"]
+    clusters = ["eu-west"] namespaces = ["payments"]``."""
+    unmapped: Literal["default", "none"] = "default"
+    """A channel outside every scope: ``default`` (any cluster, one named in the question or the
+    default one, with its configured namespaces) or ``none`` (no cluster context at all)."""
+
+
+class RunbookSettings(ConfigSection):
+    """Runbooks as context for alert summaries and ``/rca`` on an alert."""
+
+    enabled: bool = False
+    """Fetch the runbook of the alerts an answer is about and add it as context."""
+    folder: Path | None = None
+    """Local Markdown runbooks: ``<folder>/<alertname>.md``; relative ``runbook_url`` annotations and
+    ``file:`` URLs are read from here too (never from outside it)."""
+    base_url: str | None = None
+    """Runbooks by alert name over HTTP: ``{alertname}`` / ``{alertname_lower}`` are filled in, or
+    ``/<alertname>.md`` is appended; relative ``runbook_url`` annotations are resolved against it."""
+    timeout_s: float = Field(3.0, gt=0)
+    """Deadline of one runbook fetch in seconds."""
+    max_bytes: int = Field(65_536, ge=1024)
+    """Most bytes read of one runbook; a longer one is cut (the cut is marked in the context)."""
+    max_runbooks: int = Field(2, ge=1)
+    """Most runbooks added to one answer (one per alert name)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Hosts runbook URLs may point at (empty: any host); others are refused with a note."""
+    bearer_token: SecretStr | None = None
+    """Bearer token sent with HTTP runbook fetches (a private wiki), if needed."""
 
 
 def _lane_targets(**seconds: float) -> dict[Lane, float | None]:
@@ -624,6 +693,18 @@ class Settings(BaseSettings):
     """SLO guard."""
     analyze: AnalyzeSettings = Field(default_factory=AnalyzeSettings)
     """Batch analysis."""
+    clusters: dict[str, ClusterSettings] = Field(default_factory=dict)
+    """More clusters by name, each with its own providers, timeouts and cache, e.g.
+    ``[clusters.eu-west.kubernetes] enabled = true context = "eu-west-1"``."""
+    scope: ScopeSettings = Field(default_factory=ScopeSettings)
+    """Per-channel cluster scope."""
+    runbooks: RunbookSettings = Field(default_factory=RunbookSettings)
+    """Runbooks as alert context."""
+
+    @model_validator(mode="after")
+    def _clusters_and_scopes_agree(self) -> Settings:
+        check_clusters_and_scopes(self)
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -647,6 +728,46 @@ class Settings(BaseSettings):
         data: dict[str, Any] = self.model_dump(mode="json")
         data["store"]["url"] = mask_url(self.store_url)
         return data
+
+
+def cluster_namespaces(settings: Settings) -> dict[str, list[str]]:
+    """Every cluster's name and configured namespaces (empty: all), the default cluster first."""
+    default = settings.context.default_cluster
+    named = {name: c.kubernetes.namespaces for name, c in settings.clusters.items()}
+    if default in named:
+        return {default: named.pop(default), **named}
+    return {default: settings.kubernetes.namespaces, **named}
+
+
+def check_clusters_and_scopes(settings: Settings) -> None:
+    """Raise ``ValueError`` (one line, naming the key) when clusters and channel scopes disagree."""
+    default = settings.context.default_cluster
+    if default in settings.clusters and (settings.kubernetes.enabled or settings.prometheus.enabled):
+        raise ValueError(
+            f"context.default_cluster {default!r} is also a [clusters.{default}] entry while [kubernetes] "
+            "or [prometheus] is enabled: rename one, or disable the top-level sections"
+        )
+    known = cluster_namespaces(settings)
+    words: dict[str, str] = {}
+    aliases = {default: settings.context.default_cluster_aliases}
+    aliases.update({name: c.aliases for name, c in settings.clusters.items() if name != default})
+    for name, more in aliases.items():
+        for word in (name, *more):
+            if words.setdefault(word.lower(), name) != name:
+                raise ValueError(
+                    f"cluster name or alias {word!r} names both {words[word.lower()]} and {name}"
+                )
+    for index, scope in enumerate(settings.scope.channels):
+        where = f"scope.channels[{index}]"
+        for cluster in scope.clusters or [default]:
+            if cluster not in known:
+                raise ValueError(f"{where}: unknown cluster {cluster!r} (known: {', '.join(known)})")
+            allowed = known[cluster]
+            if scope.namespaces and allowed and not set(scope.namespaces) & set(allowed):
+                raise ValueError(
+                    f"{where}: none of namespaces {', '.join(scope.namespaces)} is in cluster {cluster}'s "
+                    f"kubernetes.namespaces ({', '.join(allowed)})"
+                )
 
 
 def mask_url(url: str) -> str:

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from bot import metrics
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
+from bot.context.scope import ChannelRef
 from bot.errors import PlatformError
 from bot.prompts import PromptBuilder, PromptPlan
 from bot.redact import redact
@@ -296,7 +298,7 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            await self._answer_into(message, reply, scenario, lane, record)
+            await self._answer_into(message, reply, scenario, lane, record, adapter)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
@@ -310,10 +312,16 @@ class Pipeline:
             await adapter.conclude(message, ok=record.status == "ok")
 
     async def _answer_into(
-        self, message: IncomingMessage, reply: ReplyStream, scenario: str, lane: Lane, record: RequestRecord
+        self,
+        message: IncomingMessage,
+        reply: ReplyStream,
+        scenario: str,
+        lane: Lane,
+        record: RequestRecord,
+        adapter: ChatAdapter,
     ) -> None:
         sampling = self.scenarios.get(scenario)
-        history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario, lane)
+        history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario, lane, adapter)
         record.context_ms = context_ms
         await reply.show_sources(bundle.notes if bundle else [])
         plan: PromptPlan | None = None
@@ -356,6 +364,7 @@ class Pipeline:
             output_tokens=result.output_tokens if result else None,
             error=error,
             feedback=error is None,
+            scope=bundle.scope_text() if bundle else None,
         )
         post_started = time.perf_counter()
         try:
@@ -378,7 +387,12 @@ class Pipeline:
             await self.store.append_message(*thread, "assistant", answer.text, request_id=message.request_id)
 
     async def _gather(
-        self, message: IncomingMessage, thread_id: str, scenario: str, lane: Lane
+        self,
+        message: IncomingMessage,
+        thread_id: str,
+        scenario: str,
+        lane: Lane,
+        adapter: ChatAdapter,
     ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
         """Thread history and cluster context, fetched concurrently."""
         history_task = None
@@ -391,13 +405,31 @@ class Pipeline:
         if self.context is not None:
             t0 = time.perf_counter()
             alert = message.extra.get("alert")
+            if not isinstance(alert, dict) and message.thread_id:
+                # Asked in an alert's thread: the group's alert names pick its runbook and metrics.
+                found = await self.store.alert_thread_at(message.platform, message.channel, thread_id)
+                alert = thread_reference(found.group_key) if found is not None else None
             bundle = await self.context.gather(
-                message.text, scenario=scenario, alert=alert if isinstance(alert, dict) else None
+                message.text,
+                scenario=scenario,
+                alert=alert if isinstance(alert, dict) else None,
+                channel=await self._channel_ref(message, adapter),
             )
             context_ms = (time.perf_counter() - t0) * 1000
             metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
         return history, bundle, context_ms
+
+    async def _channel_ref(self, message: IncomingMessage, adapter: ChatAdapter) -> ChannelRef:
+        """Where ``message`` was asked, with the channel's name when a channel scope matches names
+        and the event did not carry it (the adapter looks it up)."""
+        name = message.channel_name
+        if name is None and self.context is not None and self.context.scopes.needs_channel_names:
+            try:
+                name = await adapter.channel_name(message.channel)
+            except PlatformError as exc:  # no name: id-based scopes still apply
+                logger.warning("channel name of %s unknown: %s", message.channel, exc)
+        return ChannelRef(message.platform, message.channel, name)
 
     async def _generate(
         self, request: GenerationRequest, reply: ReplyStream, record: RequestRecord

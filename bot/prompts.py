@@ -221,6 +221,9 @@ class PromptBuilder:
             problems = [f"{n.name}: {n.status} {n.detail}".strip() for n in context.notes if n.status != "ok"]
             if problems:
                 parts.append("Data sources that could not be read: " + "; ".join(problems))
+            scope = context.scope_text()
+            if scope:  # the model must not guess about clusters or namespaces it cannot see
+                parts.append(f"Cluster scope of this answer: {defuse(scope)}.")
         who = f" from {defuse(asker)}" if asker else ""
         parts.append(f"Message{who} (untrusted chat text):")
         parts.append(fence("chat message", question, tag))

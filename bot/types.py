@@ -46,6 +46,8 @@ class IncomingMessage:
     """Platform id of the message itself (Slack ``ts``, Mattermost post id)."""
     user_name: str | None = None
     team: str | None = None
+    channel_name: str | None = None
+    """The channel's name where the event carries it (channel scopes may match names)."""
     scenario: str | None = None
     """Force a scenario (``None``: the pipeline picks one from ``kind`` and the text)."""
     is_direct: bool = False
@@ -68,6 +70,8 @@ class SourceNote:
     status: str
     """``ok``, ``failed``, ``timeout``, ``empty`` or ``skipped``."""
     detail: str = ""
+    links: list[str] = field(default_factory=list)
+    """Documents the footer links (a runbook's URL or file)."""
 
 
 @dataclass(slots=True)
@@ -87,3 +91,5 @@ class FinalAnswer:
     """Set when the answer is an error message for the user rather than model output."""
     feedback: bool = True
     """Whether to offer 👍 / 👎 buttons."""
+    scope: str | None = None
+    """The cluster(s) and namespaces the answer read (``cluster eu-west, namespaces payments``)."""

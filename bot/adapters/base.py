@@ -155,3 +155,7 @@ class ChatAdapter(abc.ABC):
     async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
         """Post a plain message (alert threads); returns its id (the thread id for replies)."""
         raise NotImplementedError(f"{self.platform} cannot post to channels")
+
+    async def channel_name(self, channel: str) -> str | None:
+        """The name of ``channel`` (for channel scopes that match names); ``None``: unknown."""
+        return None

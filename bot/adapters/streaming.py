@@ -323,7 +323,8 @@ class StreamingReply(ReplyStream):
 
 
 def format_footer_line(answer: FinalAnswer) -> str:
-    """Plain-text footer: sources (ok / failed / left out) and timings with units."""
+    """Plain-text footer: sources (ok / failed / left out), the cluster scope, runbook links and
+    timings with units."""
     parts: list[str] = []
     used = [s.name for s in answer.sources if s.status == "ok"]
     failed = [
@@ -339,6 +340,11 @@ def format_footer_line(answer: FinalAnswer) -> str:
         parts.append("failed: " + "; ".join(failed))
     if answer.left_out:
         parts.append("left out: " + ", ".join(answer.left_out))
+    if answer.scope:
+        parts.append("scope: " + answer.scope)
+    links = [link for s in answer.sources for link in s.links]
+    if links:
+        parts.append(("runbook: " if len(links) == 1 else "runbooks: ") + ", ".join(links))
     timing: list[str] = []
     if answer.ttft_ms is not None:
         timing.append(f"first token {answer.ttft_ms / 1000:.2f} s")

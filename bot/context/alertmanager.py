@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -134,3 +135,29 @@ def alert_section(payload: Mapping[str, Any]) -> ContextSection | None:
         unit="more alert lines",
         drop_from="end",
     )
+
+
+_GROUP_LABELS = re.compile(r":\{([^{}]*)\}$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def group_labels(group_key: str) -> dict[str, str]:
+    """The group labels in an Alertmanager ``groupKey`` (``{}/{team="a"}:{alertname="X", ...}``:
+    the route's matchers, then the group's label set)."""
+    found = _GROUP_LABELS.search(group_key)
+    if found is None:
+        return {}
+    labels: dict[str, str] = {}
+    for name, value in _LABEL.findall(found.group(1)):
+        try:
+            labels[name] = json.loads(f'"{value}"')  # Go's %q escapes are JSON's for these
+        except ValueError:
+            labels[name] = value
+    return labels
+
+
+def thread_reference(group_key: str) -> dict[str, Any]:
+    """An alert thread's group as a payload without alerts: its group labels (common to every alert
+    of the group), for context on questions asked in the thread after the summary."""
+    labels = group_labels(group_key)
+    return {"groupKey": group_key, "groupLabels": labels, "commonLabels": labels, "alerts": []}

@@ -62,6 +62,19 @@ class ContextSection:
         return self.body.splitlines()
 
 
+@dataclass(frozen=True, slots=True)
+class UsedScope:
+    """One cluster an answer read, and the namespaces it read there (``None``: all it may list)."""
+
+    cluster: str
+    namespaces: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        """``cluster eu-west, namespaces payments, checkout`` (or ``all namespaces``)."""
+        spaces = f"namespaces {', '.join(self.namespaces)}" if self.namespaces else "all namespaces"
+        return f"cluster {self.cluster}, {spaces}"
+
+
 @dataclass(slots=True)
 class ContextBundle:
     """Everything gathered for one question."""
@@ -69,6 +82,19 @@ class ContextBundle:
     sections: list[ContextSection]
     notes: list[SourceNote]
     elapsed_ms: float
+    scope: list[UsedScope] = field(default_factory=list)
+    """The clusters and namespaces read (empty: none, e.g. a channel outside every scope)."""
+    scope_notes: list[str] = field(default_factory=list)
+    """What the channel's scope kept out ("cluster us-east is outside this channel's scope")."""
+    scoped: bool = False
+    """True when any cluster source is configured (then the footer states the scope)."""
+
+    def scope_text(self) -> str | None:
+        """The scope line of the footer and the prompt, or ``None`` with no cluster source at all."""
+        if not self.scoped:
+            return None
+        used = "; ".join(u.describe() for u in self.scope) or "no cluster (this channel has no cluster scope)"
+        return used + "".join(f" ({note})" for note in self.scope_notes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +105,16 @@ class ContextRequest:
     scenario: str
     entities: Entities
     alert: dict[str, Any] | None = None
+    cluster: str = ""
+    """The cluster asked (the provider is that cluster's; shared providers read it too)."""
+    namespaces: tuple[str, ...] | None = None
+    """Namespaces this answer may read (the channel's scope within the cluster's configuration);
+    ``None``: the provider's configured namespaces."""
 
     def cache_key(self) -> tuple[object, ...]:
-        """Requests with equal keys get the same facts (for the gatherer's short-lived cache)."""
-        return (self.scenario, self.entities.key())
+        """Requests with equal keys get the same facts (for the gatherer's short-lived cache): the
+        scope is part of it, so one channel is never served another channel's namespaces."""
+        return (self.scenario, self.entities.key(), self.cluster, self.namespaces)
 
 
 @dataclass(slots=True)
@@ -99,6 +131,8 @@ class ProviderResult:
     target: str = ""
     """Where the source lives (a URL or kubeconfig context)."""
     elapsed_ms: float = 0.0
+    links: list[str] = field(default_factory=list)
+    """Documents the answer used that the footer links (runbook URLs or files)."""
 
     @classmethod
     def failed(cls, source: str, target: str, query: str, error: str) -> ProviderResult:
@@ -125,6 +159,10 @@ class ContextProvider(abc.ABC):
     @abc.abstractmethod
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Facts for ``request``; errors are returned as a failed result, never raised."""
+
+    def cache_key(self, request: ContextRequest) -> tuple[object, ...]:
+        """What makes two requests the same for this provider (default: the request's key)."""
+        return request.cache_key()
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections."""

@@ -3,8 +3,12 @@
 Free text is read with a few explicit forms (``namespace payments``, ``-n payments``,
 ``deploy/api``, ``pod api-7f9c-x2x9q``, ``node worker-3``) plus bare names that look like
 Kubernetes object names (``api-gateway``); an alert's labels (``namespace``, ``pod``,
-``deployment``, ``service``, ``node``, ``alertname``, ...) are taken as they are. The providers
-match bare names against what they list, so a guess that names nothing costs nothing.
+``deployment``, ``service``, ``node``, ``alertname``, ``cluster``, ...) are taken as they are. The
+providers match bare names against what they list, so a guess that names nothing costs nothing.
+
+A configured cluster is picked up by its name or an alias when the words around it say it is one
+("in eu-west", "on the prod cluster", "cluster=us-east") or the name is distinctive (a hyphen or
+a digit: "eu-west api is slow"), never when a namespace word follows ("in default namespace").
 """
 
 from __future__ import annotations
@@ -94,7 +98,15 @@ _LABELS: dict[str, str] = {
     "container": "containers",
     "job_name": "jobs",
     "alertname": "alert_names",
+    "cluster": "clusters",
+    "k8s_cluster": "clusters",
+    "kubernetes_cluster": "clusters",
 }
+_CLUSTER_BEFORE = re.compile(
+    r"(?:\b(?:in|on|at|from|for|of|across|cluster|context)(?:\s+the)?\s+|cluster\s*[=:]\s*)$"
+)
+_CLUSTER_AFTER = re.compile(r"^(?:\s+cluster\b|-cluster\b)")
+_NAMESPACE_AFTER = re.compile(r"^\s+(?:namespaces?|ns)\b", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -112,6 +124,8 @@ class Entities:
     alert_names: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     """Bare names that may be any workload, service or pod (``api-gateway``)."""
+    clusters: list[str] = field(default_factory=list)
+    """Clusters named (by the question: configured names; by an alert's ``cluster`` label: as is)."""
 
     def is_empty(self) -> bool:
         """True when nothing was named: the providers give a cluster overview."""
@@ -153,6 +167,7 @@ class Entities:
             tuple(self.jobs),
             tuple(self.alert_names),
             tuple(self.names),
+            tuple(self.clusters),
         )
 
     def merge(self, other: Entities) -> Entities:
@@ -175,11 +190,17 @@ def _unique(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(v for v in values if v))
 
 
-def from_text(text: str, known_namespaces: Iterable[str] = ()) -> Entities:
-    """The entities named in a free-text question."""
+def from_text(
+    text: str, known_namespaces: Iterable[str] = (), known_clusters: Mapping[str, str] | None = None
+) -> Entities:
+    """The entities named in a free-text question (``known_clusters``: each word that names a
+    configured cluster, lowercased, and the cluster's name)."""
     found = Entities()
     known = {n.lower() for n in known_namespaces}
     claimed: set[str] = set()
+    for word, cluster in _clusters_named(text, known_clusters or {}):
+        found.add("clusters", cluster)
+        claimed.add(word)
     for match in _SLASH_FORM.finditer(text):
         found.add(_KIND_WORDS[match.group(1).lower()], match.group(2).lower())
         claimed.add(match.group(2).lower())
@@ -224,6 +245,21 @@ def from_text(text: str, known_namespaces: Iterable[str] = ()) -> Entities:
     return found
 
 
+def _clusters_named(text: str, words: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(word, cluster) for every configured cluster word ``text`` uses as a cluster name."""
+    named: list[tuple[str, str]] = []
+    for word in sorted(words, key=len, reverse=True):
+        for match in re.finditer(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text, re.IGNORECASE):
+            before, after = text[: match.start()], text[match.end() :]
+            if _NAMESPACE_AFTER.match(after):
+                continue
+            distinctive = "-" in word or any(c.isdigit() for c in word)
+            if distinctive or _CLUSTER_BEFORE.search(before.lower()) or _CLUSTER_AFTER.match(after.lower()):
+                named.append((word, words[word]))
+                break
+    return named
+
+
 _STOP_WORDS = frozenset(
     {
         *("is", "are", "was", "the", "a", "an", "in", "on", "of", "for", "to", "and", "or", "that", "this"),
@@ -264,10 +300,13 @@ def from_alert(payload: Mapping[str, Any]) -> Entities:
 
 
 def extract(
-    question: str, alert: Mapping[str, Any] | None = None, known_namespaces: Iterable[str] = ()
+    question: str,
+    alert: Mapping[str, Any] | None = None,
+    known_namespaces: Iterable[str] = (),
+    known_clusters: Mapping[str, str] | None = None,
 ) -> Entities:
     """Entities of an alert (when given) merged with those named in the question."""
-    text_entities = from_text(question, known_namespaces)
+    text_entities = from_text(question, known_namespaces, known_clusters)
     if alert is None:
         return text_entities
     return from_alert(alert).merge(text_entities)

@@ -1,8 +1,11 @@
 """``ContextGatherer``: ask every enabled provider at once, each within its own timeout and all within
 one overall deadline, and turn what comes back into redacted sections plus footer notes.
 
-A provider that fails or is slow costs the answer one note ("Prometheus timed out after 2 s at
-http://prometheus:9090"), never the answer. Answers are cached for ``context.cache_ttl_s`` and
+Which providers: the channel's scope (:mod:`bot.context.scope`) and the clusters the question
+names pick the clusters (:mod:`bot.context.clusters`) and their namespaces; each picked cluster's
+providers are asked, plus the shared ones (runbooks). A provider that fails or is slow costs the
+answer one note ("Prometheus timed out after 2 s at http://prometheus:9090"), never the answer.
+Answers are cached per cluster (``context.cache_ttl_s`` or the cluster's own ``cache_ttl_s``) and
 identical requests in flight are shared, so a burst of questions about one incident asks each
 source once.
 """
@@ -19,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from bot import metrics
-from bot.config import Settings
+from bot.config import ScopeSettings, Settings
 from bot.context import entities as entity_extraction
 from bot.context.alertmanager import alert_section
 from bot.context.base import (
@@ -29,7 +32,10 @@ from bot.context.base import (
     ContextSection,
     ProviderResult,
     ProviderStatus,
+    UsedScope,
 )
+from bot.context.clusters import Cluster, ResultCache, clusters_from_settings, single_cluster
+from bot.context.scope import ChannelRef, ScopeResolver
 from bot.redact import redact
 from bot.types import SourceNote
 
@@ -39,55 +45,93 @@ _CacheKey = tuple[str, tuple[object, ...]]
 
 
 class ContextGatherer:
-    """Gathers cluster context for one question from every configured provider."""
+    """Gathers cluster context for one question from the providers of the clusters its channel may read."""
 
     def __init__(
         self,
-        providers: Sequence[ContextProvider],
+        providers: Sequence[ContextProvider] = (),
         *,
         timeout_s: float = 4.0,
         cache_ttl_s: float = 15.0,
         known_namespaces: Iterable[str] = (),
+        clusters: Sequence[Cluster] | None = None,
+        scope: ScopeSettings | None = None,
+        shared: Sequence[ContextProvider] = (),
     ) -> None:
-        self.providers = list(providers)
+        """``providers``: one default cluster's (when ``clusters`` is not given); ``shared``:
+        providers asked for every question whatever its cluster (runbooks)."""
+        self.clusters = (
+            list(clusters)
+            if clusters is not None
+            else [single_cluster(providers, namespaces=known_namespaces, ttl_s=cache_ttl_s)]
+        )
+        self.shared = list(shared)
         self.timeout_s = timeout_s
-        self.cache_ttl_s = cache_ttl_s
-        self.known_namespaces = list(known_namespaces)
-        self._cache: dict[_CacheKey, tuple[float, ProviderResult]] = {}
-        self._in_flight: dict[_CacheKey, asyncio.Task[ProviderResult]] = {}
+        self.scopes = ScopeResolver(scope or ScopeSettings(), self.clusters)
+        self._by_name = {c.name: c for c in self.clusters}
+        self._shared_cache = ResultCache(cache_ttl_s)
+        self._cluster_words = {word: c.name for c in self.clusters for word in c.words()}
+
+    @property
+    def providers(self) -> list[ContextProvider]:
+        """Every provider: each cluster's, then the shared ones."""
+        return [p for c in self.clusters for p in c.providers] + self.shared
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ContextGatherer:
-        """A gatherer with the providers enabled in ``settings`` (none enabled: only alert payloads
-        become context)."""
-        providers: list[ContextProvider] = []
-        if settings.kubernetes.enabled:
-            from bot.context.kubernetes import KubernetesProvider
-
-            providers.append(KubernetesProvider(settings.kubernetes))
-        if settings.prometheus.enabled:
+        """A gatherer with the clusters, providers and channel scopes of ``settings`` (no provider
+        enabled: only alert payloads become context)."""
+        clusters = clusters_from_settings(settings)
+        shared: list[ContextProvider] = []
+        if settings.runbooks.enabled:
             from bot.context.prometheus import PrometheusProvider
+            from bot.context.runbooks import RunbookProvider
 
-            providers.append(PrometheusProvider(settings.prometheus, settings.kubernetes.namespaces))
+            rules = {c.name: p for c in clusters for p in c.providers if isinstance(p, PrometheusProvider)}
+            shared.append(RunbookProvider(settings.runbooks, rules))
         return cls(
-            providers,
             timeout_s=settings.context.timeout_s,
             cache_ttl_s=settings.context.cache_ttl_s,
-            known_namespaces=settings.kubernetes.namespaces,
+            clusters=clusters,
+            scope=settings.scope,
+            shared=shared,
         )
 
     async def gather(
-        self, question: str, *, scenario: str, alert: Mapping[str, Any] | None = None
+        self,
+        question: str,
+        *,
+        scenario: str,
+        alert: Mapping[str, Any] | None = None,
+        channel: ChannelRef | None = None,
     ) -> ContextBundle:
-        """Context for ``question`` (and the Alertmanager payload ``alert``, when it is one)."""
+        """Context for ``question`` asked in ``channel`` (and the Alertmanager payload ``alert``,
+        when it is one); ``channel`` unset: the default scope."""
         started = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
-        request = ContextRequest(
-            question=question,
-            scenario=scenario,
-            entities=entity_extraction.extract(question, alert, self.known_namespaces),
-            alert=dict(alert) if alert is not None else None,
+        scope = self.scopes.for_channel(channel)
+        readable = [self._by_name[name] for name in scope.clusters]
+        known_namespaces = {
+            n for c in readable for n in (self.scopes.namespaces(scope, c) or ()) if c.providers
+        }
+        entities = entity_extraction.extract(question, alert, sorted(known_namespaces), self._cluster_words)
+        named = [self._cluster_words.get(c.lower(), c) for c in entities.clusters]
+        used, scope_notes = self.scopes.pick(scope, named)
+        payload = dict(alert) if alert is not None else None
+        jobs: list[tuple[ResultCache, ContextProvider, ContextRequest, str]] = []
+        for use in used:
+            request = ContextRequest(question, scenario, entities, payload, use.cluster, use.namespaces)
+            label = use.cluster if len(used) > 1 else ""
+            jobs.extend(
+                (self._by_name[use.cluster].cache, p, request, label)
+                for p in self._by_name[use.cluster].providers
+            )
+        first = used[0] if used else UsedScope("")
+        shared_request = ContextRequest(
+            question, scenario, entities, payload, first.cluster, first.namespaces
         )
+        jobs.extend((self._shared_cache, p, shared_request, "") for p in self.shared)
+
         sections: list[ContextSection] = []
         notes: list[SourceNote] = []
         if alert is not None:
@@ -95,30 +139,44 @@ class ContextGatherer:
             if section is not None:
                 sections.append(section)
                 notes.append(SourceNote("Alertmanager", ProviderStatus.OK.value, section.title))
-        results = await asyncio.gather(*(self._ask(p, request, deadline) for p in self.providers))
-        for provider, result in zip(self.providers, results, strict=True):
-            sections.extend(result.sections)
-            notes.append(_note(provider, result))
+        results = await asyncio.gather(*(self._ask(cache, p, r, deadline) for cache, p, r, _ in jobs))
+        for (_, provider, _, label), result in zip(jobs, results, strict=True):
+            found = result.sections
+            if label:  # several clusters in one answer: say which one each block is from
+                found = [replace(s, source=f"{s.source} ({label})") for s in found]
+            sections.extend(found)
+            note = _note(provider, result)
+            if label:
+                note.name = f"{note.name} ({label})"
+            notes.append(note)
             metrics.CONTEXT_SOURCE.labels(source=provider.name, status=result.status.value).inc()
         # Redaction is regex work over up to a few hundred KB of logs: off the event loop.
         cleaned = await asyncio.to_thread(lambda: [_redacted(section) for section in sections])
         for note in notes:
             note.detail = redact(note.detail, where="context")
-        return ContextBundle(sections=cleaned, notes=notes, elapsed_ms=(time.perf_counter() - started) * 1000)
+            note.links = [redact(link, where="context") for link in note.links]
+        return ContextBundle(
+            sections=cleaned,
+            notes=notes,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+            scope=[u for u in used if self._by_name[u.cluster].providers],
+            scope_notes=scope_notes,
+            scoped=any(c.providers for c in self.clusters),
+        )
 
     async def _ask(
-        self, provider: ContextProvider, request: ContextRequest, deadline: float
+        self, cache: ResultCache, provider: ContextProvider, request: ContextRequest, deadline: float
     ) -> ProviderResult:
-        key: _CacheKey = (provider.name, request.cache_key())
+        key: _CacheKey = (provider.name, provider.cache_key(request))
         now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        task = self._in_flight.get(key)
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+        task = cache.in_flight.get(key)
         if task is None:
             task = asyncio.create_task(self._fetch(provider, request), name=f"context-{provider.name}")
-            self._in_flight[key] = task
-            task.add_done_callback(functools.partial(self._done, key))
+            cache.in_flight[key] = task
+            task.add_done_callback(functools.partial(self._done, cache, key))
         wait_s = max(0.0, min(provider.timeout_s, deadline - now))
         try:
             # shield: one caller giving up must not cancel the fetch other callers share.
@@ -154,27 +212,30 @@ class ContextGatherer:
         )
         return result
 
-    def _done(self, key: _CacheKey, task: asyncio.Task[ProviderResult]) -> None:
-        self._in_flight.pop(key, None)
+    @staticmethod
+    def _done(cache: ResultCache, key: _CacheKey, task: asyncio.Task[ProviderResult]) -> None:
+        cache.in_flight.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             return
         result = task.result()
         # Only answers are cached: a failed source is asked again on the next question.
-        if self.cache_ttl_s > 0 and result.status in (ProviderStatus.OK, ProviderStatus.EMPTY):
-            self._cache[key] = (time.monotonic() + self.cache_ttl_s, result)
-            if len(self._cache) > 256:
-                now = time.monotonic()
-                self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
+        if result.status in (ProviderStatus.OK, ProviderStatus.EMPTY):
+            cache.put(key, result)
 
     def clear_cache(self) -> None:
         """Forget cached answers (tests, configuration reloads)."""
-        self._cache.clear()
+        for cache in self._caches():
+            cache.clear()
+
+    def _caches(self) -> list[ResultCache]:
+        return [c.cache for c in self.clusters] + [self._shared_cache]
 
     async def close(self) -> None:
         """Cancel fetches in flight and close every provider's connections."""
-        for task in list(self._in_flight.values()):
+        tasks = [task for cache in self._caches() for task in cache.in_flight.values()]
+        for task in tasks:
             task.cancel()
-        for task in list(self._in_flight.values()):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for provider in self.providers:
@@ -207,4 +268,4 @@ def _note(provider: ContextProvider, result: ProviderResult) -> SourceNote:
         detail = titles + (f"; partly failed: {result.error}" if result.error else "")
     else:
         detail = result.error or result.query
-    return SourceNote(provider.name, status, detail)
+    return SourceNote(provider.name, status, detail, links=list(result.links))

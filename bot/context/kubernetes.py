@@ -4,7 +4,8 @@ For the objects a question names (or, with none named, the whole scope as an ove
 pods that are not healthy (CrashLoopBackOff, OOMKilled, Pending, ImagePullBackOff, not Ready) with
 restart counts and last termination reason / exit code; Warning events; the log tail of failing
 containers, previous container too; Deployments / StatefulSets with rollout status and recent
-revisions; node conditions. Scope: ``kubernetes.namespaces`` and ``kubernetes.label_selector``.
+revisions; node conditions. Scope: ``kubernetes.namespaces`` (narrowed by the channel's scope,
+``ContextRequest.namespaces``) and ``kubernetes.label_selector``.
 
 Only get / list calls are made (see ``deploy/rbac.yaml``); Secrets are never read. Env values of
 secret-like names are replaced here already, the rest of the redaction happens in the gatherer.
@@ -178,7 +179,10 @@ class _Reader:
 
     def _scope(self) -> list[str] | None:
         """Namespaces to read (``None``: all namespaces the service account may list)."""
-        allowed = self.settings.namespaces
+        # The channel's scope (already inside the configured namespaces) narrows the configuration.
+        allowed = (
+            list(self.request.namespaces) if self.request.namespaces is not None else self.settings.namespaces
+        )
         named = self.entities.namespaces
         if named and allowed:
             inside = [n for n in named if n in allowed]

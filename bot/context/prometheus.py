@@ -150,20 +150,26 @@ class PrometheusProvider(ContextProvider):
         return body.get("data")
 
     async def fetch(self, request: ContextRequest) -> ProviderResult:
-        """Firing alerts plus every template whose placeholders the entities fill."""
-        values = placeholder_values(request.entities, self.namespaces)
-        tasks: list[asyncio.Task[_QueryOutcome]] = [asyncio.create_task(self._alerts(request.entities))]
+        """Firing alerts plus every template whose placeholders the entities fill, within the
+        request's namespaces (series and alerts of other namespaces are dropped)."""
+        allowed = list(request.namespaces) if request.namespaces is not None else self.namespaces
+        values = placeholder_values(request.entities, allowed)
+        keep = _NamespaceFilter(allowed)
+        tasks: list[asyncio.Task[_QueryOutcome]] = [asyncio.create_task(self._alerts(request.entities, keep))]
         for name, template in self.range_queries.items():
             promql = fill(template, values)
             if promql is not None:
-                tasks.append(asyncio.create_task(self._range(name, promql)))
+                tasks.append(asyncio.create_task(self._range(name, promql, keep)))
         for name, template in self.instant_queries.items():
             promql = fill(template, values)
             if promql is not None:
-                tasks.append(asyncio.create_task(self._instant(name, promql)))
+                tasks.append(asyncio.create_task(self._instant(name, promql, keep)))
         outcomes = await asyncio.gather(*tasks)
         query = "; ".join(o.promql for o in outcomes)
         errors = [f"{o.name}: {o.error}" for o in outcomes if o.error]
+        outside = [n for n in request.entities.namespaces if allowed and n not in allowed]
+        if outside and len(errors) < len(outcomes):
+            errors.append(f"namespace(s) {', '.join(outside)} outside opsbot's configured scope")
         if len(errors) == len(outcomes):
             return ProviderResult.failed(SOURCE, self.target, query, errors[0])
         sections: list[ContextSection] = []
@@ -201,14 +207,14 @@ class PrometheusProvider(ContextProvider):
             target=self.target,
         )
 
-    async def _alerts(self, entities: Entities) -> _QueryOutcome:
+    async def _alerts(self, entities: Entities, keep: _NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome("alerts", "GET /api/v1/alerts", [])
         try:
             data = await self.api("alerts", {})
         except PrometheusError as exc:
             outcome.error = str(exc)
             return outcome
-        alerts = [a for a in (data or {}).get("alerts", []) if isinstance(a, dict)]
+        alerts = [a for a in (data or {}).get("alerts", []) if isinstance(a, dict) and keep(a.get("labels"))]
         wanted = set(entities.alert_names) | set(entities.namespaces)
 
         def relevance(alert: dict[str, Any]) -> tuple[int, int, str]:
@@ -229,7 +235,28 @@ class PrometheusProvider(ContextProvider):
             )
         return outcome
 
-    async def _range(self, name: str, promql: str) -> _QueryOutcome:
+    async def runbook_urls(self, alert_names: Sequence[str]) -> dict[str, str]:
+        """The ``runbook_url`` annotation of each named alert: from its active alerts (templates
+        expanded), else from its alerting rule (unless the rule's value is still a template)."""
+        wanted = set(alert_names)
+        found: dict[str, str] = {}
+        data = await self.api("alerts", {})
+        for alert in (data or {}).get("alerts", []):
+            name = (alert.get("labels") or {}).get("alertname")
+            url = (alert.get("annotations") or {}).get("runbook_url")
+            if name in wanted and isinstance(url, str) and url:
+                found.setdefault(name, url)
+        if wanted - found.keys():
+            rules = await self.api("rules", {"type": "alert"})
+            for group in (rules or {}).get("groups", []):
+                for rule in group.get("rules", []):
+                    url = (rule.get("annotations") or {}).get("runbook_url")
+                    name = rule.get("name")
+                    if name in wanted and isinstance(url, str) and url and "{{" not in url:
+                        found.setdefault(name, url)
+        return found
+
+    async def _range(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome(name, promql, [])
         end = time.time()
         start = end - self.settings.range_minutes * 60
@@ -243,13 +270,14 @@ class PrometheusProvider(ContextProvider):
             outcome.error = str(exc)
             return outcome
         unit = self.units.get(name, _guess_unit(name))
-        for series in (data or {}).get("result", [])[:_MAX_SERIES]:
+        kept = [series for series in (data or {}).get("result", []) if keep(series.get("metric"))]
+        for series in kept[:_MAX_SERIES]:
             points = [float(v) for _, v in series.get("values", []) if _finite(v)]
             if points:
                 outcome.lines.append(f"{name} {_labels(series.get('metric', {}))}: {summarise(points, unit)}")
         return outcome
 
-    async def _instant(self, name: str, promql: str) -> _QueryOutcome:
+    async def _instant(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome(name, promql, [])
         try:
             data = await self.api("query", {"query": promql})
@@ -261,6 +289,7 @@ class PrometheusProvider(ContextProvider):
         if (data or {}).get("resultType") == "scalar" and isinstance(result, list) and len(result) == 2:
             outcome.lines.append(f"{name}: {format_value(float(result[1]), unit)}")
             return outcome
+        result = [series for series in result if keep(series.get("metric"))]
         for series in result[:_MAX_SERIES]:
             value = series.get("value", [0, "NaN"])[1]
             outcome.lines.append(
@@ -269,6 +298,20 @@ class PrometheusProvider(ContextProvider):
         if len(result) > _MAX_SERIES:
             outcome.lines.append(f"{name}: {len(result) - _MAX_SERIES} more series")
         return outcome
+
+
+class _NamespaceFilter:
+    """Keeps series and alerts of the allowed namespaces (and those without a namespace label, such
+    as node or target series); with no namespaces configured, keeps everything."""
+
+    def __init__(self, allowed: Sequence[str]) -> None:
+        self.allowed = frozenset(allowed)
+
+    def __call__(self, labels: object) -> bool:
+        if not self.allowed or not isinstance(labels, Mapping):
+            return True
+        spaces = [labels[k] for k in ("namespace", "exported_namespace") if labels.get(k)]
+        return all(space in self.allowed for space in spaces)
 
 
 def _finite(value: object) -> bool:
@@ -337,9 +380,12 @@ def _regex(values: Sequence[str]) -> str:
 
 
 def placeholder_values(entities: Entities, namespaces: Sequence[str] = ()) -> dict[str, str]:
-    """Values of the template placeholders the entities can fill."""
+    """Values of the template placeholders the entities can fill (``namespaces``: the allowed ones,
+    empty: any)."""
     values: dict[str, str] = {}
-    spaces = entities.namespaces or list(namespaces)
+    # Named namespaces count only inside the allowed ones: a channel never queries another's.
+    named = [n for n in entities.namespaces if not namespaces or n in namespaces]
+    spaces = named or list(namespaces)
     values["namespace"] = _regex(spaces) if spaces else ".+"
     pods = [re.escape(p) for p in entities.pods] + [f"{re.escape(w)}-.*" for w in entities.workload_names()]
     if pods:

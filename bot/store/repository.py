@@ -332,6 +332,35 @@ class Store:
             return None
         return AlertThread(found.group_key, found.platform, found.channel, found.thread_id, found.status)
 
+    async def alert_thread_at(self, platform: str, channel: str, thread_id: str) -> AlertThread | None:
+        """The alert thread that is this chat thread, if any (questions asked in an alert's thread)."""
+        for row in reversed(self._buffer.pending()):
+            if isinstance(row, AlertThread) and (row.platform, row.channel, row.thread_id) == (
+                platform,
+                channel,
+                thread_id,
+            ):
+                return AlertThread(**asdict(row))
+        if not self._buffer.up:
+            return None
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                found = (
+                    await conn.execute(
+                        select(_ALERTS).where(
+                            _ALERTS.c.platform == platform,
+                            _ALERTS.c.channel == channel,
+                            _ALERTS.c.thread_id == thread_id,
+                        )
+                    )
+                ).first()
+        except Exception as error:
+            self._read_failed("alert_thread_at", error)
+            return None
+        if found is None:
+            return None
+        return AlertThread(found.group_key, found.platform, found.channel, found.thread_id, found.status)
+
     # -- statistics ------------------------------------------------------------------------
     async def latency_stats(self, since: datetime, until: datetime | None = None) -> list[LatencyStats]:
         """Per (scenario, platform): request count, errors (status not ``ok``) and P50/P90/P99 of

@@ -167,9 +167,17 @@ def _write(path: Path, data: object) -> Path:
     return path
 
 
-def start_stack(workdir: Path, receiver_path: str = "/alertmanager") -> PromStack:
+def start_stack(
+    workdir: Path,
+    receiver_path: str = "/alertmanager",
+    *,
+    rule_labels: dict[str, str] | None = None,
+    rule_annotations: dict[str, str] | None = None,
+    extra_rules: list[dict[str, object]] | None = None,
+) -> PromStack:
     """Start the exporter, Alertmanager (sending to 127.0.0.1:<receiver_port><receiver_path>) and
-    Prometheus; return once both report ready."""
+    Prometheus; return once both report ready. ``rule_labels`` / ``rule_annotations`` replace the
+    test alert's (a second cluster's stack), ``extra_rules`` are added to its rule group."""
     prometheus_bin, alertmanager_bin = require_binaries()
     workdir.mkdir(parents=True, exist_ok=True)
     exporter = Exporter()
@@ -212,12 +220,15 @@ def start_stack(workdir: Path, receiver_path: str = "/alertmanager") -> PromStac
                             "alert": ALERT_NAME,
                             "expr": "opsbot_test_trigger > 0",
                             "for": "0s",
-                            "labels": {"severity": "critical", "namespace": "payments", "deployment": "api"},
-                            "annotations": {
+                            "labels": rule_labels
+                            or {"severity": "critical", "namespace": "payments", "deployment": "api"},
+                            "annotations": rule_annotations
+                            or {
                                 "summary": "api in payments is crash-looping",
                                 "description": "Pod api-7f9c8d6b5-x2x9q restarted 7 times in 10 minutes.",
                             },
-                        }
+                        },
+                        *(extra_rules or []),
                     ],
                 }
             ]

@@ -91,6 +91,7 @@ class OpsBot:
             context=self.context,
             model_name=model,
             slo=self.slo,
+            thread=s.thread,
         )
         return self.pipeline
 

@@ -525,6 +525,22 @@ class ScopeSettings(ConfigSection):
     default one, with its configured namespaces) or ``none`` (no cluster context at all)."""
 
 
+class ThreadSettings(ConfigSection):
+    """The chat thread as context: what people wrote there, read back from the platform."""
+
+    enabled: bool = True
+    """Read the thread an answer goes into and add the human messages as context (since opsbot's
+    last answer first, earlier ones as the budget allows)."""
+    max_messages: int = Field(500, ge=1)
+    """Most messages read from one thread (the newest are kept; a cut is noted in the footer)."""
+    page_size: int = Field(200, ge=1, le=1000)
+    """Messages asked per API call (Slack ``limit``, Mattermost ``perPage``, at most 200 there)."""
+    timeout_s: float = Field(3.0, gt=0)
+    """Deadline for reading the thread; the answer goes on without it (noted in the footer)."""
+    max_message_chars: int = Field(2000, ge=100)
+    """Characters kept of one message (a pasted log is cut, and says so)."""
+
+
 class RunbookSettings(ConfigSection):
     """Runbooks as context for alert summaries and ``/rca`` on an alert."""
 
@@ -700,6 +716,8 @@ class Settings(BaseSettings):
     """Per-channel cluster scope."""
     runbooks: RunbookSettings = Field(default_factory=RunbookSettings)
     """Runbooks as alert context."""
+    thread: ThreadSettings = Field(default_factory=ThreadSettings)
+    """The chat thread as context."""
 
     @model_validator(mode="after")
     def _clusters_and_scopes_agree(self) -> Settings:

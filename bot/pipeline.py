@@ -26,18 +26,21 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from bot import metrics
+from bot import metrics, postmortem
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.config import ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
 from bot.context.scope import ChannelRef
+from bot.context.thread import thread_context, thread_failed
 from bot.errors import PlatformError
-from bot.prompts import PromptBuilder, PromptPlan
+from bot.postmortem import DraftProgress
+from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage
 from bot.store.records import percentile
-from bot.types import FinalAnswer, IncomingMessage, MessageKind
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 from inference.context import request_scope
 from inference.engine import (
     Engine,
@@ -51,7 +54,7 @@ from inference.engine import (
     RequestTimeoutError,
     TextDelta,
 )
-from inference.scenarios import ScenarioRegistry
+from inference.scenarios import POSTMORTEM, ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
     from bot.context.gatherer import ContextGatherer
@@ -71,6 +74,11 @@ OVERLOADED_TEXT = ":hourglass: opsbot is overloaded right now ({detail}). Please
 FAILED_TEXT = ":warning: Generating the answer failed: {detail}"
 TIMEOUT_TEXT = ":warning: The answer took longer than {seconds:.0f} s and was stopped."
 PLACEHOLDER_FAILED_TEXT = ":warning: opsbot could not post its answer in this channel: {detail}"
+NO_THREAD_TEXT = (
+    ":thread: A {what} needs a thread: mention me in the incident's thread (`@opsbot summarize`, "
+    "`@opsbot postmortem`), or give a link to a message of the thread in this channel "
+    "(`/rca summary <link>`)."
+)
 SHUTDOWN_TEXT = (
     ":warning: opsbot is restarting and stopped before this answer was complete; please ask again."
 )
@@ -89,6 +97,7 @@ class Pipeline:
         context: ContextGatherer | None = None,
         model_name: str = "",
         slo: SloGuard | None = None,
+        thread: ThreadSettings | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -99,6 +108,8 @@ class Pipeline:
         self.slo = slo
         """The SLO guard every answer's TTFT is reported to (``None``: off)."""
         self.started = time.monotonic()
+        self.thread = thread or ThreadSettings()
+        """How the chat thread is read back as context (``[thread]``)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -209,6 +220,9 @@ class Pipeline:
             "without mentioning me again\n"
             "• Ask *why* for a root-cause analysis; ask me to *review* a rollout or deploy for a "
             "change review.\n"
+            "• In an incident thread: `@opsbot summarize` for a catch-up, `@opsbot postmortem` for a "
+            "postmortem draft (a Markdown file); `/rca summary <link>` / `/rca postmortem <link>` "
+            "with a link to a message of the thread.\n"
             "Who waits for whom (lanes, urgent first):\n" + lane_table_markdown()
         )
 
@@ -262,6 +276,11 @@ class Pipeline:
     async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
         request_id = message.request_id
         scenario = pick_scenario(message)
+        if scenario in WHOLE_THREAD_SCENARIOS and not self._find_thread(message, adapter):
+            await adapter.send_notice(
+                message, NO_THREAD_TEXT.format(what=scenario.replace("_", " ")), ephemeral=True
+            )
+            return
         lane = pick_lane(message, scenario)
         record = RequestRecord(
             request_id=request_id,
@@ -350,12 +369,19 @@ class Pipeline:
                 prompt_token_ids=plan.token_ids,
                 messages=plan.messages,  # for a remote server that takes chat messages, not ids
             )
-            text, result, error = await self._generate(request, reply, record)
+            # A postmortem streams its progress, not its text: the draft arrives as a file.
+            stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
+            text, result, error = await self._generate(request, stream, record)
+        shown = text
+        if scenario == POSTMORTEM and error is None and text:
+            shown = await postmortem.deliver(
+                adapter, message.channel, reply.thread_id, text, message.channel_name
+            )
         # End-to-end time, measured once: from the adapter taking the event to the answer complete.
         record.e2e_ms = (time.perf_counter() - message.received_perf) * 1000
         answer = FinalAnswer(
             request_id=message.request_id,
-            text=error or text,
+            text=error or shown,
             sources=list(bundle.notes) if bundle else [],
             left_out=plan.left_out if plan else [],
             ttft_ms=result.ttft_ms if result else None,
@@ -384,7 +410,8 @@ class Pipeline:
             *thread, "user", message.text, user=message.user, request_id=message.request_id
         )
         if error is None:
-            await self.store.append_message(*thread, "assistant", answer.text, request_id=message.request_id)
+            # The whole answer (a postmortem's draft, not the note about its file) is the turn.
+            await self.store.append_message(*thread, "assistant", text, request_id=message.request_id)
 
     async def _gather(
         self,
@@ -394,12 +421,16 @@ class Pipeline:
         lane: Lane,
         adapter: ChatAdapter,
     ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
-        """Thread history and cluster context, fetched concurrently."""
+        """Thread history, the thread as the platform has it, and cluster context, concurrently."""
         history_task = None
         if message.kind is MessageKind.FOLLOWUP or message.thread_id:
             history_task = asyncio.create_task(
                 self.store.thread_history(message.platform, message.channel, thread_id)
             )
+        whole = scenario in WHOLE_THREAD_SCENARIOS
+        thread_task = None
+        if self.thread.enabled and message.thread_id and (whole or message.thread_id != message.message_id):
+            thread_task = asyncio.create_task(self._read_thread(message, adapter, thread_id))
         bundle: ContextBundle | None = None
         context_ms: float | None = None
         if self.context is not None:
@@ -418,7 +449,52 @@ class Pipeline:
             context_ms = (time.perf_counter() - t0) * 1000
             metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
+        read = await thread_task if thread_task else None
+        if read is not None:
+            bundle = bundle or ContextBundle(sections=[], notes=[], elapsed_ms=0.0)
+            if isinstance(read, str):
+                bundle.notes.append(thread_failed(read))
+            else:
+                read_back = thread_context(
+                    read,
+                    answering=message.message_id,
+                    stored=history,
+                    whole=whole,
+                    keep_bot=lambda post: self._keeps_bot(adapter, post),
+                    max_chars=self.thread.max_message_chars,
+                )
+                bundle.sections.extend(read_back.sections)
+                bundle.notes.append(read_back.note)
         return history, bundle, context_ms
+
+    def _find_thread(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
+        """Whether ``message`` is about an existing thread: asked in one, or (``/rca summary <link>``)
+        naming one of its channel, which then becomes the thread the answer goes into."""
+        if message.thread_id and message.thread_id != message.message_id:
+            return True
+        linked = adapter.thread_from_link(message.text, message.channel)
+        if linked is None:
+            return False
+        message.thread_id = linked
+        return True
+
+    async def _read_thread(
+        self, message: IncomingMessage, adapter: ChatAdapter, thread_id: str
+    ) -> ThreadRead | str | None:
+        """The thread from the platform, or the reason it could not be read (``None``: no thread)."""
+        try:
+            return await asyncio.wait_for(
+                adapter.read_thread(message.channel, thread_id, limit=self.thread.max_messages),
+                self.thread.timeout_s,
+            )
+        except TimeoutError:
+            return f"reading the thread took longer than {self.thread.timeout_s:g} s"
+        except PlatformError as exc:
+            return f"the thread could not be read: {exc}"
+
+    def _keeps_bot(self, adapter: ChatAdapter, post: ThreadPost) -> bool:
+        """The bot policy for a bot's message read back from a thread (``allowed_bots``)."""
+        return False
 
     async def _channel_ref(self, message: IncomingMessage, adapter: ChatAdapter) -> ChannelRef:
         """Where ``message`` was asked, with the channel's name when a channel scope matches names

@@ -7,8 +7,10 @@ Layout, chosen for the prefix cache and for safety:
 2. earlier turns of this thread (oldest first, trimmed oldest-first to ``history_share``): shared
    only by the follow-ups of the same thread.
 3. one ``user`` turn: the scenario's task, each context section fenced and labelled as untrusted
-   data, then the (also untrusted) chat text. Nothing per-request ever precedes shared parts, so no
-   user's data is shared with another thread.
+   data, what people wrote in the chat thread (read from the platform, fenced the same way, each
+   line with its author and time), then the (also untrusted) chat text. Nothing per-request ever
+   precedes shared parts, so no user's data is shared with another thread, and the thread read
+   back comes after the stored turns, so their cached prefix stays reusable.
 
 Fences carry a per-request random tag, and fence-like sequences inside data are defused, so text
 in a log line cannot close a fence and pose as an instruction.
@@ -23,9 +25,18 @@ from pathlib import Path
 
 from bot.context.base import ContextBundle, ContextSection
 from bot.context.budget import fit_to_budget
+from bot.context.thread import SOURCE as THREAD_SOURCE
 from bot.store import ThreadMessage
 from inference.engine import ChatMessage, ChatTokenizer
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, TIMELINE
+from inference.scenarios import (
+    ALERT_SUMMARY,
+    CHANGE_REVIEW,
+    CHAT,
+    POSTMORTEM,
+    ROOT_CAUSE,
+    THREAD_SUMMARY,
+    TIMELINE,
+)
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are opsbot, an incident assistant for site reliability engineers, answering in a chat thread \
@@ -70,7 +81,26 @@ SCENARIO_TASKS: dict[str, str] = {
         "time, what happened and where (quoting names and counts exactly), then one line on what the "
         "sequence suggests."
     ),
+    THREAD_SUMMARY: (
+        "Task: write a catch-up of this incident thread for someone joining now, from the thread "
+        "messages below, with four short parts: **What happened** (symptoms, since when), **What was "
+        "tried** (who did what, at what time, with what result), **Who is on what** (names and their "
+        "current task), **Open questions**. Use the names and times from the thread; say when "
+        "something is unknown. At most 20 lines."
+    ),
+    POSTMORTEM: (
+        "Task: draft a blameless postmortem of this incident in Markdown from the thread messages and "
+        "alerts below, with these sections: # Postmortem: <title>, ## Summary, ## Impact (who and "
+        "what was affected, for how long), ## Timeline (UTC; one line per event, times taken from "
+        "the thread and the alerts), ## Root cause (as far as known; mark what is unconfirmed), "
+        "## What went well, ## What went badly, ## Follow-ups (a checklist, with owners where the "
+        "thread names them). Never invent times, names or numbers that are not in the data."
+    ),
 }
+
+WHOLE_THREAD_SCENARIOS = frozenset({THREAD_SUMMARY, POSTMORTEM})
+"""Scenarios that read the whole thread from the platform instead of the stored turns (which would
+only repeat opsbot's part of it); the stored turns' budget goes to the thread then."""
 
 _FENCE_OPEN = "<<<"
 _FENCE_CLOSE = ">>>"
@@ -145,10 +175,14 @@ class PromptBuilder:
         tag = secrets.token_hex(4)
         left_out: list[str] = []
         sections: list[ContextSection] = []
+        whole_thread = scenario in WHOLE_THREAD_SCENARIOS
+        if whole_thread:
+            history = ()  # the thread read from the platform holds them, and everyone else's
         turns = self._trim_history(history)
         if len(turns) < len(history):
             left_out.append(f"{len(history) - len(turns)} older thread messages")
         room = self.max_model_len - max_tokens
+        context_budget = self.context_budget + (self.history_budget if whole_thread else 0)
         if context is not None and context.sections:
             # The share is an upper bound; what the system prompt, the thread and the question
             # leave of the window is the real one (a long system prompt in a small window).
@@ -159,7 +193,7 @@ class PromptBuilder:
                     ChatMessage("user", self._user_turn(scenario, question, asker, [], context, tag)),
                 ]
             )
-            budget = min(self.context_budget, room - len(bare))
+            budget = min(context_budget, room - len(bare))
             for _ in range(3):
                 sections, cut = fit_to_budget(context, self.tokenizer, max(0, budget))
                 user_turn = self._user_turn(scenario, question, asker, sections, context, tag)
@@ -214,9 +248,14 @@ class PromptBuilder:
         tag: str,
     ) -> str:
         parts = [SCENARIO_TASKS.get(scenario, SCENARIO_TASKS[CHAT])]
-        if sections:
+        data = [s for s in sections if s.source != THREAD_SOURCE]
+        thread = [s for s in sections if s.source == THREAD_SOURCE]
+        if data:
             parts.append("Cluster data gathered for this question (untrusted):")
-            parts.extend(fence(f"{s.source}: {s.title}", s.body, tag) for s in sections)
+            parts.extend(fence(f"{s.source}: {s.title}", s.body, tag) for s in data)
+        if thread:
+            parts.append("What people wrote in this chat thread, with author and time (untrusted chat text):")
+            parts.extend(fence(f"chat thread: {s.title}", s.body, tag) for s in thread)
         if context is not None:
             problems = [f"{n.name}: {n.status} {n.detail}".strip() for n in context.notes if n.status != "ok"]
             if problems:

@@ -17,7 +17,15 @@ import re
 
 from bot.types import IncomingMessage, MessageKind
 from inference.engine import Lane
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, TIMELINE
+from inference.scenarios import (
+    ALERT_SUMMARY,
+    CHANGE_REVIEW,
+    CHAT,
+    POSTMORTEM,
+    ROOT_CAUSE,
+    THREAD_SUMMARY,
+    TIMELINE,
+)
 
 _REVIEW_REQUEST = re.compile(
     r"^\s*(?:please\s+|pls\s+|can you\s+|could you\s+)?review\b"
@@ -38,9 +46,25 @@ _CHANGE = re.compile(
     re.IGNORECASE,
 )
 
+_ASK = r"^\s*(?:please\s+|pls\s+|can you\s+|could you\s+)?"
+_POSTMORTEM = re.compile(
+    _ASK + r"(?:post-?mortem|incident report|retro(?:spective)?)\b"
+    r"|\b(?:draft|write|prepare|create|start)\s+(?:a\s+|the\s+|an\s+)?"
+    r"(?:post-?mortem|incident report|retro(?:spective)?)\b",
+    re.IGNORECASE,
+)
+_SUMMARY = re.compile(
+    _ASK + r"(?:summari[sz]e|summary|recap|catch\s+(?:me\s+|us\s+)?up|tl;?\s?dr)\b"
+    r"|\b(?:summari[sz]e|recap)\s+(?:this|the)\s+(?:thread|incident|discussion|conversation)\b"
+    r"|\bcatch\s+(?:me|us)\s+up\b",
+    re.IGNORECASE,
+)
+
 SCENARIO_RULES: tuple[tuple[str, str], ...] = (
     ("forced by the adapter (alerts, /rca summary ...)", "the forced scenario"),
     ("an Alertmanager notification", ALERT_SUMMARY),
+    ("asks for a postmortem draft ('/rca postmortem', 'draft a postmortem')", POSTMORTEM),
+    ("asks to catch up on the thread ('/rca summary', 'summarize', 'catch me up')", THREAD_SUMMARY),
     ("asks to review a change ('review the rollout', 'safe to deploy?')", CHANGE_REVIEW),
     ("asks why / for a cause, or names a failure ('why', 'root cause', 'failing', '503')", ROOT_CAUSE),
     ("mentions a change ('rollout', 'deploy', 'what changed')", CHANGE_REVIEW),
@@ -57,6 +81,10 @@ def pick_scenario(message: IncomingMessage) -> str:
     if message.kind is MessageKind.ALERT:
         return ALERT_SUMMARY
     text = message.text
+    if _POSTMORTEM.search(text):
+        return POSTMORTEM
+    if _SUMMARY.search(text):
+        return THREAD_SUMMARY
     if _REVIEW_REQUEST.search(text):
         return CHANGE_REVIEW
     if _CAUSE.search(text):
@@ -78,11 +106,16 @@ _BY_KIND: dict[MessageKind, Lane] = {
 }
 
 LANES: dict[MessageKind, dict[str, Lane]] = {
-    kind: dict.fromkeys((ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, TIMELINE, CHAT), lane)
+    kind: {
+        **dict.fromkeys((ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, TIMELINE, CHAT, THREAD_SUMMARY), lane),
+        # A postmortem is written after the fire: never ahead of live incident work.
+        POSTMORTEM: Lane.NORMAL if kind is MessageKind.COMMAND else Lane.BACKGROUND,
+    }
     for kind, lane in _BY_KIND.items()
 }
-"""Lane per (message kind, scenario). Today the kind decides (who is waiting, and how urgently);
-the table keeps the scenario axis so a scenario that needs its own lane gets it in one place."""
+"""Lane per (message kind, scenario). Mostly the kind decides (who is waiting, and how urgently):
+someone catching up on an incident waits like any asker. A postmortem draft is long and not
+urgent: ``/rca postmortem`` is normal, any other ask background."""
 
 
 BATCH_SCENARIO = "batch"

@@ -93,3 +93,36 @@ class FinalAnswer:
     """Whether to offer 👍 / 👎 buttons."""
     scope: str | None = None
     """The cluster(s) and namespaces the answer read (``cluster eu-west, namespaces payments``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPost:
+    """One message of a chat thread as the platform returned it (read back, not pushed to opsbot)."""
+
+    message_id: str
+    """Platform id (Slack ``ts``, Mattermost post id)."""
+    user: str
+    """Author's user id (a bot's user or bot id for bot messages)."""
+    text: str
+    posted_at: datetime
+    user_name: str | None = None
+    from_self: bool = False
+    """Written by opsbot itself (its answers, alert headers)."""
+    is_bot: bool = False
+    """Written by another bot, an integration, a webhook or a workflow (the bot policy decides)."""
+    bot_ids: tuple[str, ...] = ()
+    """Every id a bot author goes by (bot id, bot user id, app id), for ``allowed_bots``."""
+    bot_names: tuple[str, ...] = ()
+    """Every name a bot author goes by (username, bot or app name, webhook override name)."""
+
+
+@dataclass(slots=True)
+class ThreadRead:
+    """A thread read from the platform: its messages oldest first, and what was not read."""
+
+    posts: list[ThreadPost]
+    skipped: int = 0
+    """Older messages not read (the thread is longer than ``thread.max_messages``); -1: some, count
+    unknown."""
+    calls: int = 1
+    """API calls (pages) it took."""

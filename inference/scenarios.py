@@ -1,7 +1,8 @@
 """Scenario presets: sampling settings per kind of question, overridable in configuration.
 
 The defaults follow the product's source material: an alert summary is short and nearly
-deterministic; a root-cause analysis may reason longer; a change review sits in between.
+deterministic; a root-cause analysis may reason longer; a change review sits in between; a
+thread catch-up stays close to what people wrote; a postmortem draft is the longest document.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ ROOT_CAUSE = "root_cause"
 CHANGE_REVIEW = "change_review"
 CHAT = "chat"
 TIMELINE = "timeline"
+THREAD_SUMMARY = "thread_summary"
+POSTMORTEM = "postmortem"
 
 DEFAULT_PRESETS: dict[str, SamplingSettings] = {
     ALERT_SUMMARY: SamplingSettings(temperature=0.1, top_p=0.9, max_tokens=128, repetition_penalty=1.05),
@@ -26,6 +29,10 @@ DEFAULT_PRESETS: dict[str, SamplingSettings] = {
     CHAT: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=384, repetition_penalty=1.05),
     # Incident timelines (batch analysis): factual, chronological, one line per event.
     TIMELINE: SamplingSettings(temperature=0.1, top_p=0.9, max_tokens=384, repetition_penalty=1.05),
+    # A catch-up restates what the thread says: close to the text, a screenful at most.
+    THREAD_SUMMARY: SamplingSettings(temperature=0.2, top_p=0.9, max_tokens=512, repetition_penalty=1.05),
+    # A postmortem draft is a document (timeline, impact, cause, follow-ups): the longest output.
+    POSTMORTEM: SamplingSettings(temperature=0.3, top_p=0.95, max_tokens=1536, repetition_penalty=1.05),
 }
 
 

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from bot.access import AccessPolicy
-from bot.types import FinalAnswer, IncomingMessage, SourceNote
+from bot.types import FinalAnswer, IncomingMessage, SourceNote, ThreadRead
 
 logger = logging.getLogger(__name__)
 
@@ -159,3 +159,20 @@ class ChatAdapter(abc.ABC):
     async def channel_name(self, channel: str) -> str | None:
         """The name of ``channel`` (for channel scopes that match names); ``None``: unknown."""
         return None
+
+    async def read_thread(self, channel: str, thread_id: str, *, limit: int) -> ThreadRead | None:
+        """The thread's messages as the platform has them (at most ``limit``, the newest kept),
+        oldest first; ``None``: this platform keeps no threads to read (the terminal)."""
+        return None
+
+    def thread_from_link(self, text: str, channel: str) -> str | None:
+        """The thread a link in ``text`` points at, when it is a link to a message of ``channel``
+        on this platform (``/rca summary <link>``); ``None`` otherwise."""
+        return None
+
+    async def upload_file(
+        self, channel: str, thread_id: str, *, filename: str, content: bytes, title: str, comment: str
+    ) -> str:
+        """Share a file in a thread with a short comment; returns the file's id. Raises a
+        :mod:`bot.errors` ``PlatformError`` branch when the platform refuses."""
+        raise NotImplementedError(f"{self.platform} cannot upload files")

@@ -33,6 +33,15 @@ QUESTIONS = [
     ("what changed in the payments namespace in the last hour?", "change_review"),
     ("show me the last rollouts of checkout", "change_review"),
     ("which revision of api-gateway is live?", "change_review"),
+    # a catch-up on the thread, and a postmortem draft
+    ("summarize", "thread_summary"),
+    ("can you summarise this thread for the new on-call?", "thread_summary"),
+    ("catch me up: what happened with payments-db?", "thread_summary"),
+    ("tl;dr?", "thread_summary"),
+    ("postmortem", "postmortem"),
+    ("please draft a postmortem for this outage", "postmortem"),
+    ("write the incident report", "postmortem"),
+    ("why is the summary job failing?", "root_cause"),  # "summary" as a word is not a catch-up
     # everything else is a conversation
     ("hello opsbot", "chat"),
     ("how many replicas does api-gateway run?", "chat"),
@@ -54,14 +63,27 @@ def test_kind_and_forced_scenarios_come_first() -> None:
 
 def test_the_lane_table_covers_every_kind_and_scenario_and_is_what_help_shows() -> None:
     for kind in MessageKind:
-        assert set(LANES[kind]) == {"alert_summary", "root_cause", "change_review", "timeline", "chat"}
+        assert set(LANES[kind]) == {
+            "alert_summary",
+            "root_cause",
+            "change_review",
+            "timeline",
+            "chat",
+            "thread_summary",
+            "postmortem",
+        }
     assert pick_lane(msg("why?", MessageKind.COMMAND)) is Lane.URGENT
     assert pick_lane(msg("why?", MessageKind.ALERT)) is Lane.URGENT
     assert pick_lane(msg("why?", MessageKind.MENTION)) is Lane.NORMAL
     assert pick_lane(msg("why?", MessageKind.DIRECT)) is Lane.NORMAL
     assert pick_lane(msg("why?", MessageKind.FOLLOWUP)) is Lane.BACKGROUND
     assert all(lane is Lane.BACKGROUND for lane in LANES[MessageKind.BATCH].values())
+    # Someone catching up waits like any asker; a postmortem never goes ahead of live incidents.
+    assert pick_lane(msg("summary", MessageKind.COMMAND)) is Lane.URGENT
+    assert pick_lane(msg("summarize", MessageKind.MENTION)) is Lane.NORMAL
+    assert pick_lane(msg("postmortem", MessageKind.COMMAND)) is Lane.NORMAL
+    assert pick_lane(msg("draft a postmortem", MessageKind.MENTION)) is Lane.BACKGROUND
     table = lane_table_markdown()
-    assert "| `/rca` command | urgent | urgent | urgent | urgent |" in table
+    assert "| `/rca` command | urgent | urgent | urgent | urgent | urgent | urgent | normal |" in table
     assert "| thread follow-up | background |" in table
     assert "| batch analysis (`opsbot analyze`, `POST /analyze`) | background |" in table

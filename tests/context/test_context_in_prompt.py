@@ -80,6 +80,7 @@ async def test_injection_strings_from_logs_and_annotations_sit_inside_data_fence
     finally:
         await fake.stop()
     builder.context_budget = 10**6  # this test is about fencing, not the budget
+    builder.max_model_len = 10**6  # the window bounds the context too
     plan = builder.build(
         scenario="chat", question="what is wrong?", asker="bob", context=bundle, max_tokens=64
     )

@@ -136,6 +136,11 @@ SLACK_RATE_LIMITS: dict[str, RateLimit] = {
     "conversations.history": RateLimit(per_minute=50, burst=10),
     "assistant.threads.setStatus": RateLimit(per_minute=100, burst=40),
     "apps.connections.open": RateLimit(per_minute=50, burst=10),
+    # the thread read back (author names, channel names for scopes) and postmortem files
+    "conversations.info": RateLimit(per_minute=50, burst=10),
+    "users.info": RateLimit(per_minute=100, burst=40),
+    "files.getUploadURLExternal": RateLimit(per_minute=100, burst=20),
+    "files.completeUploadExternal": RateLimit(per_minute=100, burst=20),
 }
 """Default ``slack.rate_limits``: Slack's published tier of each method opsbot calls."""
 

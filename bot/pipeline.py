@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -276,7 +276,7 @@ class Pipeline:
     async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
         request_id = message.request_id
         scenario = pick_scenario(message)
-        if scenario in WHOLE_THREAD_SCENARIOS and not self._find_thread(message, adapter):
+        if scenario in WHOLE_THREAD_SCENARIOS and not await self._find_thread(message, adapter):
             await adapter.send_notice(
                 message, NO_THREAD_TEXT.format(what=scenario.replace("_", " ")), ephemeral=True
             )
@@ -340,7 +340,11 @@ class Pipeline:
         adapter: ChatAdapter,
     ) -> None:
         sampling = self.scenarios.get(scenario)
-        history, bundle, context_ms = await self._gather(message, reply.thread_id, scenario, lane, adapter)
+        # The placeholder just posted is in the thread too: not part of what people wrote.
+        own = tuple(getattr(reply, "message_ids", ()))
+        history, bundle, context_ms = await self._gather(
+            message, reply.thread_id, scenario, lane, adapter, own
+        )
         record.context_ms = context_ms
         await reply.show_sources(bundle.notes if bundle else [])
         plan: PromptPlan | None = None
@@ -420,6 +424,7 @@ class Pipeline:
         scenario: str,
         lane: Lane,
         adapter: ChatAdapter,
+        own: Sequence[str] = (),
     ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
         """Thread history, the thread as the platform has it, and cluster context, concurrently."""
         history_task = None
@@ -462,17 +467,22 @@ class Pipeline:
                     whole=whole,
                     keep_bot=lambda post: self._keeps_bot(adapter, post),
                     max_chars=self.thread.max_message_chars,
+                    exclude=own,
                 )
                 bundle.sections.extend(read_back.sections)
                 bundle.notes.append(read_back.note)
         return history, bundle, context_ms
 
-    def _find_thread(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
+    async def _find_thread(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Whether ``message`` is about an existing thread: asked in one, or (``/rca summary <link>``)
         naming one of its channel, which then becomes the thread the answer goes into."""
         if message.thread_id and message.thread_id != message.message_id:
             return True
-        linked = adapter.thread_from_link(message.text, message.channel)
+        try:
+            linked = await adapter.thread_from_link(message.text, message.channel)
+        except PlatformError as exc:  # the linked post cannot be looked up: as if no link
+            logger.warning("thread link in %s could not be followed: %s", message.channel, exc)
+            linked = None
         if linked is None:
             return False
         message.thread_id = linked
@@ -484,7 +494,12 @@ class Pipeline:
         """The thread from the platform, or the reason it could not be read (``None``: no thread)."""
         try:
             return await asyncio.wait_for(
-                adapter.read_thread(message.channel, thread_id, limit=self.thread.max_messages),
+                adapter.read_thread(
+                    message.channel,
+                    thread_id,
+                    limit=self.thread.max_messages,
+                    page_size=self.thread.page_size,
+                ),
                 self.thread.timeout_s,
             )
         except TimeoutError:

@@ -160,12 +160,15 @@ class ChatAdapter(abc.ABC):
         """The name of ``channel`` (for channel scopes that match names); ``None``: unknown."""
         return None
 
-    async def read_thread(self, channel: str, thread_id: str, *, limit: int) -> ThreadRead | None:
-        """The thread's messages as the platform has them (at most ``limit``, the newest kept),
-        oldest first; ``None``: this platform keeps no threads to read (the terminal)."""
+    async def read_thread(
+        self, channel: str, thread_id: str, *, limit: int, page_size: int = 200
+    ) -> ThreadRead | None:
+        """The thread's messages as the platform has them (at most ``limit``, the newest kept; read
+        ``page_size`` a call), oldest first; ``None``: this platform keeps no threads to read (the
+        terminal). Raises a :mod:`bot.errors` ``PlatformError`` branch when the platform refuses."""
         return None
 
-    def thread_from_link(self, text: str, channel: str) -> str | None:
+    async def thread_from_link(self, text: str, channel: str) -> str | None:
         """The thread a link in ``text`` points at, when it is a link to a message of ``channel``
         on this platform (``/rca summary <link>``); ``None`` otherwise."""
         return None

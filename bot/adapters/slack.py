@@ -41,6 +41,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -90,7 +91,7 @@ from bot.errors import (
 from bot.logs import request_scope
 from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
 from bot.retry import RetriesExhausted, RetryBudget, RetryKnobs, retry_after_from_headers
-from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote, ThreadPost, ThreadRead
 
 if TYPE_CHECKING:
     from bot.store import Store
@@ -128,6 +129,11 @@ _SIGN = "slack_sign_of_life"  # IncomingMessage.extra key: which sign of life wa
 _THREAD_STATUS = "is looking into it…"
 _ASSISTANT_THREADS_MAX = 10_000
 _DEFANG = re.compile(r"<([!@#])")
+_MAX_THREAD_PAGES = 50
+"""Most ``conversations.replies`` calls for one thread (a runaway thread must not eat the rate tier)."""
+_PERMALINK = re.compile(
+    r"https?://[^\s/|>]+/archives/(?P<channel>[A-Z0-9]+)/p(?P<ts>\d{16})(?:\?[^\s|>]*?thread_ts=(?P<thread>\d+\.\d+))?"
+)
 
 
 class SlackCallError(PlatformError, SlackApiError):
@@ -706,6 +712,9 @@ class SlackAdapter(ChatAdapter):
         self._assistant_threads: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.housekeeping = Housekeeping("slack")
         """Reaction swaps after answers (background, lowest priority)."""
+        self._names: dict[str, str] = {}
+        """Display names by user id (``users.info``), for threads read back."""
+        self._channel_names: dict[str, str | None] = {}
         self.app = self._build_app()
 
     @property
@@ -817,13 +826,18 @@ class SlackAdapter(ChatAdapter):
         *,
         channel: str | None = None,
         token: str | None = None,
+        http_verb: str = "POST",
     ) -> dict[str, Any]:
         """One Web API call through the transport (rate budget, ``slack.retry``; see
         :class:`SlackWebClient`). ``token`` replaces the bot token (the app-level token for
         ``apps.connections.open``). Raises :class:`SlackCallError` (of the branch the failure
-        belongs to) when Slack refuses the call or the policy gives up."""
+        belongs to) when Slack refuses the call or the policy gives up. ``http_verb="GET"``: the
+        arguments go in the query (read methods such as ``conversations.replies`` take no JSON body)."""
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        resp = await self.client.api_call(method, json=dict(params), headers=headers)
+        if http_verb == "GET":
+            resp = await self.client.api_call(method, http_verb="GET", params=dict(params), headers=headers)
+        else:
+            resp = await self.client.api_call(method, json=dict(params), headers=headers)
         return dict(resp.data) if isinstance(resp.data, dict) else {}
 
     def post_tag(self, request_id: str) -> dict[str, Any]:
@@ -1205,6 +1219,139 @@ class SlackAdapter(ChatAdapter):
             is_direct=event.get("channel_type") == "im" or channel.startswith("D"),
             extra={"slack_event_id": body.get("event_id")},
         )
+
+    # -- threads and files (the thread as context, postmortem drafts) ----------------------------
+    async def read_thread(
+        self, channel: str, thread_id: str, *, limit: int, page_size: int = 200
+    ) -> ThreadRead:
+        """``conversations.replies`` cursor page by page (oldest first, as Slack pages), the newest
+        ``limit`` messages kept; authors' names from ``users.info`` (cached)."""
+        raw: dict[str, Mapping[str, Any]] = {}
+        cursor = ""
+        calls = 0
+        while True:
+            params: dict[str, Any] = {"channel": channel, "ts": thread_id, "limit": page_size}
+            if cursor:
+                params["cursor"] = cursor
+            data = await self.call("conversations.replies", params, channel=channel, http_verb="GET")
+            calls += 1
+            for item in data.get("messages") or []:
+                if isinstance(item, Mapping) and item.get("ts"):
+                    raw.setdefault(str(item["ts"]), item)  # a page may repeat the parent
+            cursor = str((data.get("response_metadata") or {}).get("next_cursor") or "")
+            if not data.get("has_more") or not cursor:
+                break
+            if calls >= _MAX_THREAD_PAGES:
+                logger.warning("slack thread %s/%s: stopped after %d pages", channel, thread_id, calls)
+                break
+        ordered = sorted(raw.values(), key=lambda m: float(str(m["ts"])))
+        skipped = max(0, len(ordered) - limit) or (-1 if cursor else 0)
+        kept = ordered[-limit:]
+        names = await self._user_names(
+            {str(m["user"]) for m in kept if m.get("user") and not m.get("bot_id")}
+        )
+        return ThreadRead([self._thread_post(m, names) for m in kept], skipped=skipped, calls=calls)
+
+    def _thread_post(self, item: Mapping[str, Any], names: Mapping[str, str]) -> ThreadPost:
+        own = self._is_own(item)
+        author = slack_author(item)  # the bot policy's own reading of who wrote it
+        user = str(item.get("user") or item.get("bot_id") or "")
+        text = str(item.get("text") or "")
+        if self.bot_user_id:
+            text = text.replace(f"<@{self.bot_user_id}>", "@opsbot")
+        text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+        for file in item.get("files") or []:
+            if isinstance(file, Mapping):
+                text += f" [shared file: {file.get('name') or file.get('title') or file.get('id')}]"
+        is_bot = author.is_bot and not own
+        return ThreadPost(
+            message_id=str(item["ts"]),
+            user=user,
+            text=text,
+            posted_at=datetime.fromtimestamp(float(str(item["ts"])), UTC),
+            user_name=names.get(user) or next(iter(author.names), None),
+            from_self=own,
+            is_bot=is_bot,
+            bot_ids=author.ids if is_bot else (),
+            bot_names=author.names if is_bot else (),
+        )
+
+    async def _user_names(self, users: set[str]) -> dict[str, str]:
+        """Display names of ``users`` (``users.info``, remembered); an unknown user keeps its id."""
+        missing = [u for u in users if u not in self._names]
+
+        async def look_up(user: str) -> None:
+            try:
+                data = await self.call("users.info", {"user": user}, http_verb="GET")
+            except SlackCallError as exc:
+                logger.info("slack users.info %s: %s", user, exc)
+                return
+            info = data.get("user") or {}
+            profile = info.get("profile") or {}
+            name = profile.get("display_name") or profile.get("real_name") or info.get("name")
+            if name:
+                self._names[user] = str(name)
+
+        await asyncio.gather(*(look_up(u) for u in missing))
+        return {u: self._names[u] for u in users if u in self._names}
+
+    async def channel_name(self, channel: str) -> str | None:
+        """The channel's name (``conversations.info``), remembered; ``None`` when Slack will not say."""
+        if channel not in self._channel_names:
+            try:
+                data = await self.call("conversations.info", {"channel": channel}, http_verb="GET")
+            except SlackCallError as exc:
+                logger.info("slack conversations.info %s: %s", channel, exc)
+                return None
+            self._channel_names[channel] = str((data.get("channel") or {}).get("name") or "") or None
+        return self._channel_names[channel]
+
+    async def thread_from_link(self, text: str, channel: str) -> str | None:
+        """The thread of a Slack permalink to a message of ``channel`` (``/rca summary <link>``):
+        ``.../archives/<channel>/p<ts>`` (its ``thread_ts`` when the link is to a reply)."""
+        for found in _PERMALINK.finditer(text):
+            if found.group("channel") != channel:
+                continue
+            if found.group("thread"):
+                return found.group("thread")
+            digits = found.group("ts")
+            return f"{digits[:-6]}.{digits[-6:]}"
+        return None
+
+    async def upload_file(
+        self, channel: str, thread_id: str, *, filename: str, content: bytes, title: str, comment: str
+    ) -> str:
+        """``files.uploadV2``'s three steps, as slack-sdk's ``files_upload_v2`` takes them:
+        ``files.getUploadURLExternal``, the bytes POSTed to the returned URL, then
+        ``files.completeUploadExternal`` sharing the file in the thread with ``comment``."""
+        issued = await self.call(
+            "files.getUploadURLExternal", {"filename": filename, "length": len(content)}, channel=channel
+        )
+        file_id, upload_url = str(issued.get("file_id") or ""), str(issued.get("upload_url") or "")
+        if not file_id or not upload_url:
+            raise slack_error("files.getUploadURLExternal", "no upload_url in the answer", http_status=200)
+        try:
+            timeout = aiohttp.ClientTimeout(total=60)
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(upload_url, data=content) as resp,
+            ):
+                answer = (await resp.text())[:200]
+                if resp.status != 200:
+                    raise slack_error("file upload", f"HTTP {resp.status} {answer}", http_status=resp.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise slack_error("file upload", f"{type(exc).__name__}: {exc}", http_status=None) from exc
+        await self.call(
+            "files.completeUploadExternal",
+            {
+                "files": [{"id": file_id, "title": title}],
+                "channel_id": channel,
+                "thread_ts": thread_id,
+                "initial_comment": markdown_to_mrkdwn(comment),
+            },
+            channel=channel,
+        )
+        return file_id
 
     def _hand_over(self, message: IncomingMessage) -> None:
         """Give an accepted message to the pipeline, which owns it from here (claim, access, answer)."""

@@ -18,7 +18,7 @@ already). The sections go after the stored turns in the prompt, so the cached pr
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from bot.context.base import ContextSection, ProviderStatus
@@ -65,21 +65,27 @@ def thread_context(
     whole: bool = False,
     keep_bot: Callable[[ThreadPost], bool] = lambda post: False,
     max_chars: int = 2000,
+    exclude: Collection[str] = (),
 ) -> ThreadContext:
     """Sections of ``read`` for an answer to message ``answering`` (left out: it is the question).
 
     ``stored``: the thread's stored turns (their questions are not repeated; with none stored, as
     after a restart with a fresh database, opsbot's own earlier answers come from the thread
     instead). ``whole``: the entire thread, for a catch-up or postmortem. ``keep_bot``: the bot
-    policy (``True``: that bot's message is kept).
+    policy (``True``: that bot's message is kept). ``exclude``: ids of messages to leave out (the
+    placeholder of this very answer). opsbot's own messages after ``answering`` are answers still
+    being written (this one's placeholder, a concurrent one): left out too.
     """
     asked = {_same(m.content) for m in stored if m.role == "user"}
     own_too = whole or not stored  # opsbot's answers are not in the prompt as stored turns
     kept: list[ThreadPost] = []
     boundary: int | None = None  # index in ``kept`` just after opsbot's last message
     ignored_bots = 0
+    asked_at = next((p.posted_at for p in read.posts if p.message_id == answering), None)
     for post in sorted(read.posts, key=lambda p: p.posted_at):
-        if post.message_id == answering or not post.text.strip():
+        if post.message_id == answering or post.message_id in exclude or not post.text.strip():
+            continue
+        if post.from_self and asked_at is not None and post.posted_at >= asked_at:
             continue
         if post.from_self:
             if own_too:

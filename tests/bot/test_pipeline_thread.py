@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fakes.recording_engine import RecordingEngine
 
 from bot.adapters.console import ConsoleAdapter
 from bot.app import submit_to
@@ -19,50 +20,8 @@ from bot.config import ThreadSettings
 from bot.errors import PlatformRejected
 from bot.pipeline import Pipeline
 from bot.types import IncomingMessage, MessageKind, ThreadPost, ThreadRead
-from inference.engine import (
-    ChatMessage,
-    ChatTokenizer,
-    Engine,
-    EngineHealth,
-    EngineStats,
-    GenerationEvent,
-    GenerationRequest,
-)
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
-
-
-class RecordingEngine(Engine):
-    """The real engine, with every request it was given kept for the test to read."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.backend = inner.backend
-        self.requests: list[GenerationRequest] = []
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
-        self.requests.append(request)
-        async for event in self.inner.generate(request):
-            yield event
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        await self.inner.shutdown(drain_timeout_s)
-
-    @property
-    def tokenizer(self) -> ChatTokenizer:
-        return self.inner.tokenizer
 
 
 class ThreadConsole(ConsoleAdapter):
@@ -76,13 +35,15 @@ class ThreadConsole(ConsoleAdapter):
         self.read_delay_s = 0.0
         self.upload_error: Exception | None = None
 
-    async def read_thread(self, channel: str, thread_id: str, *, limit: int) -> ThreadRead | None:
+    async def read_thread(
+        self, channel: str, thread_id: str, *, limit: int, page_size: int = 200
+    ) -> ThreadRead | None:
         self.reads.append((channel, thread_id, limit))
         if self.read_delay_s:
             await asyncio.sleep(self.read_delay_s)
         return ThreadRead(list(self.posts))
 
-    def thread_from_link(self, text: str, channel: str) -> str | None:
+    async def thread_from_link(self, text: str, channel: str) -> str | None:
         return "linked-thread" if "https://chat.example.com/t/" in text else None
 
     async def upload_file(

@@ -183,3 +183,16 @@ def test_a_catch_up_gets_the_stored_turns_budget_for_the_thread(builder):
     )
     assert len(summary.messages) == 2  # system + one user turn: no stored turns
     assert len(summary.sections[0].body.splitlines()) > len(chat.sections[0].body.splitlines())
+
+
+def test_opsbots_own_placeholder_and_answers_still_being_written_are_not_thread_content():
+    read = incident()
+    read.posts.append(post(7, "UBOT", "_thinking…_", from_self=True))
+    read.posts.append(post(8, "UBOT", "half an answer to someone else", from_self=True))
+    mention = thread_context(read, answering="m6", stored=[])
+    text = "\n".join(s.body for s in mention.sections)
+    assert "_thinking" not in text and "half an answer" not in text
+    assert "opsbot: Most likely the database connection pool" in text
+    command = thread_context(read, answering=None, whole=True, exclude={"m7"})
+    text = "\n".join(s.body for s in command.sections)
+    assert "_thinking" not in text and "half an answer" in text

@@ -95,7 +95,7 @@ async def start_bot(
         engine={"backend": "cpu", "model": str(model), "max_model_len": 1024, "drain_timeout_s": 2},
         store={"url": db_url or f"sqlite+aiosqlite:///{data_dir / 'opsbot.db'}"},
         scenarios=dict.fromkeys(
-            ("chat", "root_cause", "change_review", "alert_summary"),
+            ("chat", "root_cause", "change_review", "alert_summary", "thread_summary", "postmortem"),
             SHORT if max_tokens is None else {"max_tokens": max_tokens},
         ),
         admission=admission or {},

@@ -5,8 +5,11 @@ Web API (``POST /api/<method>``): ``auth.test``, ``apps.connections.open``, ``ch
 ``chat.appendStream`` / ``chat.stopStream`` (markdown and ``task_update`` / ``plan_update`` chunks,
 the recipient rules of channels, the streaming state), ``reactions.add`` / ``reactions.remove``,
 ``assistant.threads.setStatus``, ``conversations.replies`` / ``conversations.history`` (metadata
-with ``include_all_metadata``, ``oldest``), with Slack's JSON envelopes (``{"ok": true, ...}`` /
-``{"ok": false, "error": "..."}``) and error codes.
+with ``include_all_metadata``, ``oldest``; ``conversations.replies`` in cursor pages: ``limit``,
+``cursor``, ``has_more``, ``response_metadata.next_cursor``), ``conversations.info``,
+``users.info``, ``files.getUploadURLExternal`` + the upload URL (``POST /upload/v1/<id>``) +
+``files.completeUploadExternal`` (the three steps of slack-sdk's ``files_upload_v2``), with
+Slack's JSON envelopes (``{"ok": true, ...}`` / ``{"ok": false, "error": "..."}``) and error codes.
 
 Rate limits as Slack publishes them (:data:`TIERS`): a token bucket per method per app and one per
 channel for ``chat.postMessage``; an empty bucket answers ``429`` + ``Retry-After`` (error
@@ -31,6 +34,7 @@ interactions to the app's URL, with ``X-Slack-Retry-Num`` / ``X-Slack-Retry-Reas
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -67,6 +71,10 @@ TIERS: dict[str, tuple[float, int]] = {
     "conversations.history": (50, 10),
     "assistant.threads.setStatus": (100, 40),
     "apps.connections.open": (50, 10),
+    "conversations.info": (50, 10),
+    "users.info": (100, 40),
+    "files.getUploadURLExternal": (100, 20),
+    "files.completeUploadExternal": (100, 20),
 }
 """The published tiers the fake enforces (the burst is the share of the minute allowed at once)."""
 CHANNEL_POST: tuple[float, int] = (1.0, 3)
@@ -195,6 +203,12 @@ class FakeMessage:
     """Reaction name -> users who reacted."""
     reaction_log: list[tuple[float, str, str]] = field(default_factory=list)
     """``(fake clock, "add" | "remove", name)`` of the bot's reaction calls that took effect."""
+    subtype: str | None = None
+    """``bot_message`` for an integration's or workflow's message."""
+    username: str | None = None
+    """The name a ``bot_message`` is posted under."""
+    files: list[dict[str, Any]] | None = None
+    """Files shared with this message (``files.completeUploadExternal``)."""
 
     def to_api(self, *, metadata: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "message", "ts": self.ts, "text": self.text, "user": self.user}
@@ -210,6 +224,13 @@ class FakeMessage:
             ]
         if metadata and self.metadata is not None:
             out["metadata"] = self.metadata
+        if self.subtype:
+            out["subtype"] = self.subtype
+        if self.username:
+            out["username"] = self.username
+        if self.files:
+            out["files"] = self.files
+            out["upload"] = True
         return out
 
 
@@ -330,6 +351,13 @@ class FakeSlack:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
+        self.users: dict[str, dict[str, Any]] = {}
+        """``users.info`` answers by user id (:meth:`add_user`)."""
+        self.channel_names: dict[str, str] = {}
+        """``conversations.info`` names by channel id."""
+        self.uploads: dict[str, dict[str, Any]] = {}
+        """Files by id from ``files.getUploadURLExternal``: filename, length, the bytes received
+        at the upload URL (``None`` until then) and whether ``files.completeUploadExternal`` shared it."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -337,6 +365,7 @@ class FakeSlack:
         app.router.add_post("/api/{method}", self._api)
         app.router.add_get("/api/{method}", self._api)
         app.router.add_get("/link/", self._link)
+        app.router.add_post("/upload/v1/{file_id}", self._upload)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -651,6 +680,10 @@ class FakeSlack:
             "reactions.add": self._reaction_add,
             "reactions.remove": self._reaction_remove,
             "assistant.threads.setStatus": self._set_status,
+            "conversations.info": self._conversations_info,
+            "users.info": self._users_info,
+            "files.getUploadURLExternal": self._get_upload_url,
+            "files.completeUploadExternal": self._complete_upload,
         }.get(method)
         if handler is None:
             return {"ok": False, "error": "unknown_method"}
@@ -949,14 +982,26 @@ class FakeSlack:
             return {"ok": False, "error": "thread_not_found"}
         thread = [parent] + [m for m in self.messages.get(channel, []) if m.thread_ts == ts and m.ts != ts]
         thread = [m for m in thread if m is parent or self._newer(m, params.get("oldest"))]
-        limit = int(params.get("limit") or 1000)
+        # Cursor pages, oldest first: the parent leads the first page only; next_cursor names the
+        # first message of the next page (opaque base64, as Slack's), "" on the last page.
+        start = 0
+        if params.get("cursor"):
+            try:
+                after = base64.b64decode(str(params["cursor"])).decode().removeprefix("next_ts:")
+            except (ValueError, UnicodeDecodeError):
+                return {"ok": False, "error": "invalid_cursor"}
+            start = next((i for i, m in enumerate(thread) if m.ts == after), -1)
+            if start < 0:
+                return {"ok": False, "error": "invalid_cursor"}
+        limit = min(int(params.get("limit") or 1000), 1000)
+        page = thread[start : start + limit]
+        more = start + limit < len(thread)
+        cursor = base64.b64encode(f"next_ts:{thread[start + limit].ts}".encode()).decode() if more else ""
         return {
             "ok": True,
-            "messages": [
-                m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in thread[:limit]
-            ],
-            "has_more": len(thread) > limit,
-            "response_metadata": {"next_cursor": ""},
+            "messages": [m.to_api(metadata=self._flag(params, "include_all_metadata")) for m in page],
+            "has_more": more,
+            "response_metadata": {"next_cursor": cursor},
         }
 
     def _history(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -984,6 +1029,124 @@ class FakeSlack:
     @staticmethod
     def _flag(params: dict[str, Any], name: str) -> bool:
         return str(params.get(name, "")).lower() in ("true", "1")
+
+    def add_user(self, user_id: str, name: str, *, display_name: str = "", is_bot: bool = False) -> None:
+        """A workspace member ``users.info`` knows."""
+        self.users[user_id] = {
+            "id": user_id,
+            "team_id": self.team_id,
+            "name": name,
+            "real_name": display_name or name,
+            "is_bot": is_bot,
+            "profile": {"display_name": display_name, "real_name": display_name or name},
+        }
+
+    def bot_message(
+        self, channel: str, text: str, *, thread_ts: str | None, bot_id: str, username: str
+    ) -> FakeMessage:
+        """Another integration posts (``subtype: bot_message``, its own ``bot_id``)."""
+        msg = FakeMessage(
+            channel=channel,
+            ts=self.new_ts(),
+            text=text,
+            user="",
+            thread_ts=thread_ts,
+            bot_id=bot_id,
+            posted_at=self.clock(),
+            subtype="bot_message",
+            username=username,
+        )
+        self.messages.setdefault(channel, []).append(msg)
+        return msg
+
+    def _conversations_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel = str(params.get("channel", ""))
+        if channel not in self.channel_names and channel not in self.messages:
+            return {"ok": False, "error": "channel_not_found"}
+        name = self.channel_names.get(channel, channel.lower())
+        return {"ok": True, "channel": {"id": channel, "name": name, "is_channel": True, "is_member": True}}
+
+    def _users_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        user = self.users.get(str(params.get("user", "")))
+        if user is None:
+            return {"ok": False, "error": "user_not_found"}
+        return {"ok": True, "user": user}
+
+    def _get_upload_url(self, params: dict[str, Any]) -> dict[str, Any]:
+        filename, length = params.get("filename"), params.get("length")
+        if not filename or length in (None, ""):
+            return {"ok": False, "error": "invalid_arguments"}
+        try:
+            size = int(str(length))
+        except ValueError:
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{uuid.uuid4().hex[:10].upper()}"
+        self.uploads[file_id] = {"filename": str(filename), "length": size, "data": None, "shared": False}
+        return {
+            "ok": True,
+            "upload_url": f"http://127.0.0.1:{self.port}/upload/v1/{file_id}",
+            "file_id": file_id,
+        }
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        """The upload URL: raw bytes or one multipart part; ``OK - <length>`` as files.slack.com says."""
+        file = self.uploads.get(request.match_info["file_id"])
+        if file is None:
+            return web.Response(status=404, text="file not found")
+        if request.content_type.startswith("multipart/"):
+            reader = await request.multipart()
+            part = await reader.next()
+            data = await part.read() if isinstance(part, aiohttp.BodyPartReader) else b""
+        else:
+            data = await request.read()
+        file["data"] = bytes(data)
+        await self._notify()
+        return web.Response(text=f"OK - {len(data)}")
+
+    def _complete_upload(self, params: dict[str, Any]) -> dict[str, Any]:
+        files = params.get("files")
+        if isinstance(files, str):
+            try:
+                files = json.loads(files)
+            except ValueError:
+                return {"ok": False, "error": "invalid_arguments"}
+        if not isinstance(files, list) or not files:
+            return {"ok": False, "error": "invalid_arguments"}
+        shared = []
+        for item in files:
+            file = self.uploads.get(str(item.get("id", ""))) if isinstance(item, dict) else None
+            if file is None or file["data"] is None:
+                return {"ok": False, "error": "file_not_found"}
+            if len(file["data"]) != file["length"]:
+                return {"ok": False, "error": "file_upload_size_mismatch"}
+            shared.append(
+                {
+                    "id": item["id"],
+                    "name": file["filename"],
+                    "title": item.get("title") or file["filename"],
+                    "size": file["length"],
+                    "mimetype": "text/markdown" if file["filename"].endswith(".md") else "text/plain",
+                }
+            )
+        channel = params.get("channel_id")
+        if channel:
+            thread_ts = params.get("thread_ts") or None
+            if thread_ts and self.find(str(channel), str(thread_ts)) is None:
+                return {"ok": False, "error": "invalid_thread_ts"}
+            msg = FakeMessage(
+                channel=str(channel),
+                ts=self.new_ts(),
+                text=str(params.get("initial_comment") or ""),
+                user=self.bot_user_id,
+                thread_ts=str(thread_ts) if thread_ts else None,
+                bot_id=self.bot_id,
+                posted_at=self.clock(),
+                files=shared,
+            )
+            self.messages.setdefault(msg.channel, []).append(msg)
+        for item in shared:
+            self.uploads[item["id"]]["shared"] = bool(channel)
+        return {"ok": True, "files": [{"id": f["id"], "title": f["title"]} for f in shared]}
 
     # -- Socket Mode ------------------------------------------------------------------------------
     @property

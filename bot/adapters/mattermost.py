@@ -39,6 +39,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -61,7 +62,7 @@ from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
 from bot.retry import RetryBudget
 from bot.store import Store
-from bot.types import FinalAnswer, IncomingMessage, MessageKind
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ COMMAND_PATH = "/mattermost/command"
 ACTIONS_PATH = "/mattermost/actions"
 """Where feedback buttons' ``integration.url`` points (under ``public_url``)."""
 
+_MAX_PER_PAGE = 200  # the server's web.PerPageMaximum: a larger perPage is refused
+_PERMALINK = re.compile(r"https?://[^\s/]+(?:/[^\s/]+)*?/[^\s/]+/pl/(?P<post>[a-z0-9]{26})\b")
 _SEEN_MAX = 20_000  # post ids remembered locally (the store is the durable de-duplication)
 _CATCHUP_MARGIN_MS = 2_000  # posts may be stored with a create_at slightly behind the last one seen
 _STARTUP_LOOKBACK_MS = 60_000  # a restart also answers mentions made just before it (store dedupes)
@@ -200,6 +203,7 @@ class MattermostAdapter(ChatAdapter):
         self.housekeeping = Housekeeping("mattermost")
         """Reaction swaps after answers (background, lowest priority)."""
         """Websocket sessions replaced because they went silent, missed a pong or closed."""
+        self._channel_names: dict[str, str | None] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, submit: MessageSink) -> None:
@@ -797,6 +801,109 @@ class MattermostAdapter(ChatAdapter):
             first = first or str(post["id"])
             root = root or first
         return thread_id or first
+
+    # -- threads and files (the thread as context, postmortem drafts) --------------------------
+    async def read_thread(
+        self, channel: str, thread_id: str, *, limit: int, page_size: int = 200
+    ) -> ThreadRead:
+        """``GET /posts/{id}/thread`` page by page, newest first (``direction=up``, ``perPage``, then
+        ``fromCreateAt`` / ``fromPost`` of the oldest post read), until ``has_next`` is false or
+        ``limit`` posts are read; returned oldest first."""
+        per_page = min(page_size, _MAX_PER_PAGE)
+        posts: dict[str, dict[str, Any]] = {}
+        calls = 0
+        oldest: dict[str, Any] | None = None
+        more = False
+        while True:
+            page = await self.rest.thread_page(
+                thread_id,
+                per_page=per_page,
+                from_create_at=int(oldest["create_at"]) if oldest else 0,
+                from_post=str(oldest["id"]) if oldest else "",
+            )
+            calls += 1
+            found = page.get("posts") or {}
+            for post_id in page.get("order") or []:
+                post = found.get(post_id)
+                if isinstance(post, dict) and post.get("channel_id") == channel and not post.get("delete_at"):
+                    posts.setdefault(str(post_id), post)
+            replies = [p for p in found.values() if isinstance(p, dict) and p.get("root_id")]
+            more = bool(page.get("has_next"))
+            if not more or not replies or len(posts) >= limit:
+                break
+            oldest = min(replies, key=lambda p: (int(p.get("create_at", 0)), str(p.get("id"))))
+        ordered = sorted(posts.values(), key=lambda p: (int(p.get("create_at", 0)), str(p.get("id"))))
+        ordered = [p for p in ordered if not str(p.get("type", "")).startswith("system_")]
+        kept = ordered[-limit:]
+        skipped = len(ordered) - len(kept) or (-1 if more else 0)
+        users = await self._accounts({str(p.get("user_id", "")) for p in kept})
+        return ThreadRead([self._thread_post(p, users) for p in kept], skipped=skipped, calls=calls)
+
+    def _thread_post(self, post: dict[str, Any], users: dict[str, dict[str, Any]]) -> ThreadPost:
+        user_id = str(post.get("user_id", ""))
+        user = users.get(user_id)
+        own = user_id == self.bot_user_id
+        author = mattermost_author(post, user)  # the bot policy's own reading of who wrote it
+        text = str(post.get("message", ""))
+        if self._mention_re is not None:
+            text = self._mention_re.sub("@opsbot", text)
+        for file in (post.get("metadata") or {}).get("files") or []:
+            if isinstance(file, dict):
+                text += f" [shared file: {file.get('name') or file.get('id')}]"
+        is_bot = author.is_bot and not own
+        name = (post.get("props") or {}).get("override_username") or (user or {}).get("username")
+        return ThreadPost(
+            message_id=str(post.get("id", "")),
+            user=user_id,
+            text=text,
+            posted_at=datetime.fromtimestamp(int(post.get("create_at", 0)) / 1000, UTC),
+            user_name=str(name) if name else None,
+            from_self=own,
+            is_bot=is_bot,
+            bot_ids=author.ids if is_bot else (),
+            bot_names=author.names if is_bot else (),
+        )
+
+    async def _accounts(self, user_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """Accounts of ``user_ids`` (the adapter's one remembered look-up per account)."""
+        ids = [u for u in user_ids if u]
+        found = await asyncio.gather(*(self._user(u) for u in ids))
+        return {u: account for u, account in zip(ids, found, strict=True) if account is not None}
+
+    async def channel_name(self, channel: str) -> str | None:
+        """The channel's name (``GET /channels/{id}``), remembered; ``None`` when it cannot be read."""
+        if channel not in self._channel_names:
+            try:
+                info = await self.rest.get_channel(channel)
+            except MattermostAPIError as exc:
+                logger.info("mattermost channel %s: %s", channel, exc)
+                return None
+            self._channel_names[channel] = str(info.get("name") or "") or None
+        return self._channel_names[channel]
+
+    async def thread_from_link(self, text: str, channel: str) -> str | None:
+        """The thread of a Mattermost permalink (``https://host/<team>/pl/<post_id>``) to a post of
+        ``channel``: the post's root, or the post itself when it is one."""
+        for found in _PERMALINK.finditer(text):
+            post = await self.rest.get_post(found.group("post"))
+            if post.get("channel_id") == channel:
+                return str(post.get("root_id") or post.get("id"))
+        return None
+
+    async def upload_file(
+        self, channel: str, thread_id: str, *, filename: str, content: bytes, title: str, comment: str
+    ) -> str:
+        """``POST /files`` (multipart), then a post in the thread with the file's id in ``file_ids``."""
+        info = await self.rest.upload_file(channel, filename, content)
+        file_id = str(info["id"])
+        await self.rest.create_post(
+            channel,
+            comment,
+            root_id=thread_id,
+            pending_post_id=self.pending_post_id(),
+            file_ids=[file_id],
+        )
+        return file_id
 
     # -- HTTP: slash command and button actions ------------------------------------------------
     def http_routes(self) -> list[web.RouteDef]:

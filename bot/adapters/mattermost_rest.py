@@ -25,6 +25,7 @@ import logging
 import random
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -211,6 +212,7 @@ class MattermostRest:
         session: aiohttp.ClientSession | None = None,
         patience_s: float | None = None,
         max_wait_s: float | None = None,
+        form: Callable[[], aiohttp.FormData] | None = None,
     ) -> Any:
         """Call ``method path`` (relative to the API base, or ``url``); return the decoded JSON.
 
@@ -218,7 +220,8 @@ class MattermostRest:
         ``max_retries`` / ``patience_s`` for one call); raises :class:`MattermostAPIError` when the
         server refuses the call or the policy gives up, and
         :class:`~bot.adapters.ratelimit.BudgetTimeout` when no budget slot came within
-        ``max_wait_s``. A slash command's ``response_url`` (``url``) is outside the budget.
+        ``max_wait_s``. A slash command's ``response_url`` (``url``) is outside the budget. ``form``
+        builds a multipart body (a new one for every try: a sent body cannot be resent).
         """
         target = url or f"{self.base_url}{path}"
         label = f"{method} {_metric_path(path)}"
@@ -236,7 +239,8 @@ class MattermostRest:
                 permit = await self.budget.acquire(label, channel or None, max_wait_s=max_wait_s)
             try:
                 client = session or self.session
-                async with client.request(method, target, json=json, params=params) as resp:
+                data = form() if form is not None else None
+                async with client.request(method, target, json=json, params=params, data=data) as resp:
                     raw = await resp.read()
                     count_chat_call(PLATFORM, label, _call_outcome(resp.status))
                     if resp.status < 400:
@@ -321,8 +325,10 @@ class MattermostRest:
         root_id: str = "",
         props: dict[str, Any] | None = None,
         pending_post_id: str,
+        file_ids: list[str] | None = None,
     ) -> dict[str, Any]:
-        """``POST /posts``; ``pending_post_id`` makes retries idempotent on the server."""
+        """``POST /posts``; ``pending_post_id`` makes retries idempotent on the server; ``file_ids``
+        attaches files uploaded with :meth:`upload_file`."""
         body: dict[str, Any] = {
             "channel_id": channel_id,
             "message": message,
@@ -331,8 +337,45 @@ class MattermostRest:
         }
         if props:
             body["props"] = props
+        if file_ids:
+            body["file_ids"] = file_ids
         result: dict[str, Any] = await self.request("POST", "/posts", json=body)
         return result
+
+    async def get_post(self, post_id: str) -> dict[str, Any]:
+        """``GET /posts/{post_id}``."""
+        result: dict[str, Any] = await self.request("GET", f"/posts/{post_id}")
+        return result
+
+    async def thread_page(
+        self, post_id: str, *, per_page: int, from_create_at: int = 0, from_post: str = ""
+    ) -> dict[str, Any]:
+        """``GET /posts/{post_id}/thread``, one page newest first (``direction=up``): the server's
+        ``PostList`` (``order``, ``posts``, ``has_next``); the next page starts before
+        ``from_create_at`` / ``from_post``, the oldest post of this one."""
+        params = {"perPage": str(per_page), "direction": "up"}
+        if from_create_at:
+            params["fromCreateAt"] = str(from_create_at)
+            if from_post:
+                params["fromPost"] = from_post
+        result: dict[str, Any] = await self.request("GET", f"/posts/{post_id}/thread", params=params)
+        return result
+
+    async def upload_file(self, channel_id: str, filename: str, content: bytes) -> dict[str, Any]:
+        """``POST /files`` (multipart: ``channel_id``, one ``files`` part): the file's ``FileInfo``."""
+
+        def form() -> aiohttp.FormData:
+            data = aiohttp.FormData()
+            data.add_field("channel_id", channel_id)
+            data.add_field("files", content, filename=filename, content_type="text/markdown")
+            return data
+
+        body = await self.request("POST", "/files", form=form)
+        infos = (body or {}).get("file_infos") or []
+        if not infos:
+            raise mattermost_error("POST", "/files", 201, "no file_infos in the answer")
+        info: dict[str, Any] = infos[0]
+        return info
 
     async def patch_post(
         self, post_id: str, message: str, props: dict[str, Any] | None = None

@@ -1,6 +1,8 @@
 """A protocol-faithful fake Mattermost server (REST v4 + websocket), for opsbot's adapter tests.
 
-It serves the REST v4 endpoints opsbot uses with ``Content-Type: application/json`` and the
+It serves the REST v4 endpoints opsbot uses (``GET /posts/{id}/thread`` with the server's paging:
+``perPage`` up to 200, ``direction``, ``fromCreateAt`` / ``fromPost``, ``has_next``; ``POST /files``
+multipart uploads attached by ``file_ids`` on a new post) with ``Content-Type: application/json`` and the
 server's error body (``{id, message, detailed_error, request_id, status_code}`` plus the
 ``X-Request-Id`` header), the websocket at ``/api/v4/websocket`` (``authentication_challenge`` ->
 ``hello`` with ``seq`` 0 and the ``{"status": "OK", "seq_reply": 1}`` reply, then ``posted`` /
@@ -130,6 +132,8 @@ class FakeMattermost:
         self.members: dict[str, set[str]] = {}
         self.posts: dict[str, dict[str, Any]] = {}
         self.ephemeral: list[dict[str, Any]] = []
+        self.files: dict[str, dict[str, Any]] = {}
+        """Uploaded files by id: their ``FileInfo`` plus ``data`` (the bytes)."""
         self.command_responses: list[dict[str, Any]] = []
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
@@ -180,6 +184,7 @@ class FakeMattermost:
         app.router.add_get(f"{api}/posts/{{post_id}}", self._get_post)
         app.router.add_put(f"{api}/posts/{{post_id}}/patch", self._patch_post)
         app.router.add_get(f"{api}/posts/{{post_id}}/thread", self._get_thread)
+        app.router.add_post(f"{api}/files", self._upload_files)
         app.router.add_get(f"{api}/config/client", self._client_config)
         app.router.add_post(f"{api}/reactions", self._save_reaction)
         app.router.add_delete(
@@ -692,6 +697,7 @@ class FakeMattermost:
         )
         if pending:
             self._pending_ids[pending] = post["id"]
+        self._attach_files(post, body.get("file_ids"), request[USER_ID])
         await self._broadcast_posted(post)
         return self._json(post, rid, 201)
 
@@ -778,9 +784,148 @@ class FakeMattermost:
         return [r["emoji_name"] for r in self.reactions.get(post_id, [])]
 
     async def _get_thread(self, request: web.Request) -> web.Response:
-        posts = self.thread(request.match_info["post_id"])
-        body = {"order": [p["id"] for p in posts], "posts": {p["id"]: p for p in posts}}
-        return self._json(body, request[REQUEST_ID])
+        """``GET /posts/{id}/thread`` as the server's store reads it: the post asked for first, then
+        the thread's posts (root and replies) in ``direction`` order (``up``: newest first) after
+        ``fromCreateAt`` / ``fromPost``, ``perPage`` of them (at most 200), ``has_next`` when more."""
+        rid = request[REQUEST_ID]
+        asked = self.posts.get(request.match_info["post_id"])
+        if asked is None or asked.get("delete_at"):
+            return self._error(404, "app.post.get.app_error", "Unable to get the post.", rid)
+        if request[USER_ID] not in self.members.get(asked["channel_id"], set()):
+            return self._error(
+                403, "api.context.permissions.app_error", "You do not have the appropriate permissions.", rid
+            )
+        query = request.query
+        try:
+            per_page = int(query.get("perPage") or 0)
+            from_create_at = int(query.get("fromCreateAt") or 0)
+        except ValueError:
+            return self._error(
+                400,
+                "api.context.invalid_url_param.app_error",
+                "Invalid or missing parameter in request URL.",
+                rid,
+            )
+        from_post = query.get("fromPost", "")
+        direction = query.get("direction", "")
+        if (
+            per_page > 200
+            or per_page < 0
+            or direction not in ("", "up", "down")
+            or (from_post and not from_create_at)
+        ):
+            return self._error(
+                400,
+                "api.context.invalid_url_param.app_error",
+                "Invalid or missing parameter in request URL.",
+                rid,
+            )
+        posts = [p for p in self.thread(asked["root_id"] or asked["id"]) if not p.get("delete_at")]
+        key = lambda p: (p["create_at"], p["id"])  # noqa: E731 - the store's ORDER BY CreateAt, Id
+        if direction == "up":
+            posts.sort(key=key, reverse=True)
+            if from_create_at:
+                posts = [p for p in posts if key(p) < (from_create_at, from_post or "")]
+        elif direction == "down" and from_create_at:
+            posts = [p for p in sorted(posts, key=key) if key(p) > (from_create_at, from_post or "\uffff")]
+        has_next = bool(per_page) and len(posts) > per_page
+        if per_page:
+            posts = posts[:per_page]
+        order = [asked["id"]] + [p["id"] for p in posts if p["id"] != asked["id"]]
+        body = {
+            "order": order,
+            "posts": {asked["id"]: asked, **{p["id"]: p for p in posts}},
+            "next_post_id": "",
+            "prev_post_id": "",
+            "has_next": has_next,
+            "first_inaccessible_post_time": 0,
+        }
+        return self._json(body, rid)
+
+    async def _upload_files(self, request: web.Request) -> web.Response:
+        """``POST /files``, multipart: the ``channel_id`` field, then one or more ``files`` parts."""
+        rid = request[REQUEST_ID]
+        if not request.content_type.startswith("multipart/"):
+            return self._error(
+                400,
+                "api.file.upload_file.incorrect_content_type.app_error",
+                "Unable to upload file(s). Invalid content type.",
+                rid,
+            )
+        reader = await request.multipart()
+        channel_id = ""
+        infos: list[dict[str, Any]] = []
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            if not isinstance(part, aiohttp.BodyPartReader):
+                continue
+            if part.name == "channel_id":
+                channel_id = (await part.read()).decode()
+                continue
+            if part.name != "files" or not part.filename:
+                continue
+            if channel_id not in self.channels:
+                return self._error(
+                    400,
+                    "api.file.upload_file.incorrect_number_of_files.app_error",
+                    "Invalid or missing channel_id.",
+                    rid,
+                )
+            if request[USER_ID] not in self.members[channel_id]:
+                return self._error(
+                    403,
+                    "api.context.permissions.app_error",
+                    "You do not have the appropriate permissions.",
+                    rid,
+                )
+            data = bytes(await part.read())
+            name = part.filename
+            info = {
+                "id": new_id(),
+                "user_id": request[USER_ID],
+                "channel_id": channel_id,
+                "post_id": "",
+                "create_at": now_ms(),
+                "update_at": now_ms(),
+                "delete_at": 0,
+                "name": name,
+                "extension": name.rsplit(".", 1)[-1] if "." in name else "",
+                "size": len(data),
+                "mime_type": part.headers.get("Content-Type", "application/octet-stream"),
+            }
+            self.files[info["id"]] = {**info, "data": data}
+            infos.append(info)
+        if not infos:
+            return self._error(
+                400,
+                "api.file.upload_file.incorrect_number_of_files.app_error",
+                "Unable to upload files. Incorrect number of files specified.",
+                rid,
+            )
+        await self._notify()
+        return self._json({"file_infos": infos, "client_ids": []}, rid, 201)
+
+    def _attach_files(self, post: dict[str, Any], file_ids: object, user_id: str) -> None:
+        """Files of a new post: only the poster's own uploads to that channel not yet on a post
+        are attached (the server drops the others with a log line, not an error)."""
+        if not isinstance(file_ids, list):
+            return
+        attached = []
+        for file_id in file_ids:
+            file = self.files.get(str(file_id))
+            if (
+                file
+                and file["user_id"] == user_id
+                and file["channel_id"] == post["channel_id"]
+                and not file["post_id"]
+            ):
+                file["post_id"] = post["id"]
+                attached.append({k: v for k, v in file.items() if k != "data"})
+        if attached:
+            post["file_ids"] = [f["id"] for f in attached]
+            post["metadata"] = {**post.get("metadata", {}), "files": attached}
 
     async def _client_config(self, request: web.Request) -> web.Response:
         if request.query.get("format") != "old":

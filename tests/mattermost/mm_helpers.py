@@ -12,7 +12,15 @@ from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
 from bot.store import Store
 from inference.engine import Engine
-from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, CHAT, ROOT_CAUSE, ScenarioRegistry
+from inference.scenarios import (
+    ALERT_SUMMARY,
+    CHANGE_REVIEW,
+    CHAT,
+    POSTMORTEM,
+    ROOT_CAUSE,
+    THREAD_SUMMARY,
+    ScenarioRegistry,
+)
 
 SLASH_TOKEN = "slash-command-token"
 ACTION_SECRET = "action-secret"
@@ -28,7 +36,8 @@ def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3) -> Pipeline
         history_share=0.2,
     )
     overrides = {
-        name: {"max_tokens": max_tokens} for name in (ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT)
+        name: {"max_tokens": max_tokens}
+        for name in (ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT, THREAD_SUMMARY, POSTMORTEM)
     }
     return Pipeline(engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(overrides))
 

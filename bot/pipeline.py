@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot import metrics, postmortem
+from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
 from bot.config import ThreadSettings
 from bot.context.alertmanager import thread_reference
@@ -276,7 +277,11 @@ class Pipeline:
     async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
         request_id = message.request_id
         scenario = pick_scenario(message)
-        if scenario in WHOLE_THREAD_SCENARIOS and not await self._find_thread(message, adapter):
+        # Asked in an existing thread (before the reply may start one): then it is read back.
+        in_thread = bool(message.thread_id) and message.thread_id != message.message_id
+        if scenario in WHOLE_THREAD_SCENARIOS and not in_thread:
+            in_thread = await self._follow_link(message, adapter)
+        if scenario in WHOLE_THREAD_SCENARIOS and not in_thread:
             await adapter.send_notice(
                 message, NO_THREAD_TEXT.format(what=scenario.replace("_", " ")), ephemeral=True
             )
@@ -317,7 +322,7 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            await self._answer_into(message, reply, scenario, lane, record, adapter)
+            await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
@@ -338,10 +343,11 @@ class Pipeline:
         lane: Lane,
         record: RequestRecord,
         adapter: ChatAdapter,
+        in_thread: bool = False,
     ) -> None:
         sampling = self.scenarios.get(scenario)
         # The placeholder just posted is in the thread too: not part of what people wrote.
-        own = tuple(getattr(reply, "message_ids", ()))
+        own = tuple(reply.posted_ids()) if in_thread else None
         history, bundle, context_ms = await self._gather(
             message, reply.thread_id, scenario, lane, adapter, own
         )
@@ -424,9 +430,11 @@ class Pipeline:
         scenario: str,
         lane: Lane,
         adapter: ChatAdapter,
-        own: Sequence[str] = (),
+        own: Sequence[str] | None = None,
     ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
-        """Thread history, the thread as the platform has it, and cluster context, concurrently."""
+        """Thread history, the thread as the platform has it (``own``: asked in an existing thread,
+        the answer's own message ids to leave out; ``None``: not read) and cluster context,
+        concurrently."""
         history_task = None
         if message.kind is MessageKind.FOLLOWUP or message.thread_id:
             history_task = asyncio.create_task(
@@ -434,7 +442,7 @@ class Pipeline:
             )
         whole = scenario in WHOLE_THREAD_SCENARIOS
         thread_task = None
-        if self.thread.enabled and message.thread_id and (whole or message.thread_id != message.message_id):
+        if self.thread.enabled and own is not None:
             thread_task = asyncio.create_task(self._read_thread(message, adapter, thread_id))
         bundle: ContextBundle | None = None
         context_ms: float | None = None
@@ -467,17 +475,15 @@ class Pipeline:
                     whole=whole,
                     keep_bot=lambda post: self._keeps_bot(adapter, post),
                     max_chars=self.thread.max_message_chars,
-                    exclude=own,
+                    exclude=own or (),
                 )
                 bundle.sections.extend(read_back.sections)
                 bundle.notes.append(read_back.note)
         return history, bundle, context_ms
 
-    async def _find_thread(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
-        """Whether ``message`` is about an existing thread: asked in one, or (``/rca summary <link>``)
-        naming one of its channel, which then becomes the thread the answer goes into."""
-        if message.thread_id and message.thread_id != message.message_id:
-            return True
+    async def _follow_link(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
+        """Whether ``message`` (``/rca summary <link>``) links to a thread of its channel, which then
+        becomes the thread the answer goes into."""
         try:
             linked = await adapter.thread_from_link(message.text, message.channel)
         except PlatformError as exc:  # the linked post cannot be looked up: as if no link
@@ -508,8 +514,11 @@ class Pipeline:
             return f"the thread could not be read: {exc}"
 
     def _keeps_bot(self, adapter: ChatAdapter, post: ThreadPost) -> bool:
-        """The bot policy for a bot's message read back from a thread (``allowed_bots``)."""
-        return False
+        """The bot policy for a bot's message read back from a thread: kept only when the bot is in
+        the platform's ``allowed_bots`` (no policy, as in the terminal: never)."""
+        if adapter.access is None:
+            return False
+        return not adapter.access.ignores_bot(Author(True, post.bot_ids, post.bot_names, "thread message"))
 
     async def _channel_ref(self, message: IncomingMessage, adapter: ChatAdapter) -> ChannelRef:
         """Where ``message`` was asked, with the channel's name when a channel scope matches names

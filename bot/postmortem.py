@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,6 +37,10 @@ class DraftProgress(ReplyStream):
     def thread_id(self) -> str:
         """The thread of the wrapped reply."""
         return self.inner.thread_id
+
+    def posted_ids(self) -> Sequence[str]:
+        """The wrapped reply's messages."""
+        return self.inner.posted_ids()
 
     async def update(self, text: str) -> None:
         """Show the draft's length so far (the wrapped stream throttles the edits)."""

@@ -54,7 +54,11 @@ _POSTMORTEM = re.compile(
     re.IGNORECASE,
 )
 _SUMMARY = re.compile(
-    _ASK + r"(?:summari[sz]e|summary|recap|catch\s+(?:me\s+|us\s+)?up|tl;?\s?dr)\b"
+    # the whole ask is a catch-up ("summary", "tl;dr?", "recap of this thread", "summary <link>"),
+    # or it names the thread: "summarise the alert" is not a catch-up of the thread
+    _ASK + r"(?:summari[sz]e|summary|recap|tl;?\s?dr|catch\s+(?:me\s+|us\s+)?up)"
+    r"(?:\s+(?:of\s+)?(?:this|the)\s+(?:thread|incident|discussion|conversation|channel))?"
+    r"\s*(?:[?.!:]|<?https?://\S+>?)?\s*$"
     r"|\b(?:summari[sz]e|recap)\s+(?:this|the)\s+(?:thread|incident|discussion|conversation)\b"
     r"|\bcatch\s+(?:me|us)\s+up\b",
     re.IGNORECASE,

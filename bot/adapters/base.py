@@ -111,6 +111,11 @@ class ReplyStream(abc.ABC):
     def thread_id(self) -> str:
         """Platform id of the thread the answer lives in."""
 
+    def posted_ids(self) -> Sequence[str]:
+        """Platform ids of the messages this answer has posted so far (its placeholder): a thread
+        read back for this answer leaves them out. Default: none known."""
+        return ()
+
 
 class ChatAdapter(abc.ABC):
     """A chat platform connection (Slack, Mattermost, terminal)."""

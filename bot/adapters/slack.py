@@ -443,6 +443,10 @@ class _NativeRendering(ReplyStream):
         """The streamed message's ``ts`` (after :meth:`start`)."""
         return self.stream.ts
 
+    def posted_ids(self) -> Sequence[str]:
+        """The streamed message, once started."""
+        return (self.stream.ts,) if self.stream.ts else ()
+
     async def start(self) -> None:
         """``chat.startStream`` with the plan (the caller holds the ``startStream`` slot)."""
         with ticket(Priority.ACK):
@@ -670,6 +674,9 @@ class SlackReply(ReplyStream):
 
     async def finish(self, answer: FinalAnswer) -> None:
         await self._r.finish(answer)
+
+    def posted_ids(self) -> Sequence[str]:
+        return self._rendering.posted_ids() if self._rendering is not None else ()
 
 
 class SlackAdapter(ChatAdapter):

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from bot.adapters.base import ReplyStream
@@ -179,6 +179,7 @@ class StreamingReply(ReplyStream):
         self.post_placeholder = post_placeholder
         self.clock = clock
         self.message_ids: list[str] = []
+        """Ids of the messages posted so far (placeholder first)."""
         self._latest: str | None = None
         self._shown: str | None = None
         self._last_edit = float("-inf")
@@ -188,6 +189,10 @@ class StreamingReply(ReplyStream):
         self._wake = asyncio.Event()
         self._closed = False
         self._reserved = False
+
+    def posted_ids(self) -> Sequence[str]:
+        """The placeholder and any split-off messages posted so far."""
+        return tuple(self.message_ids)
 
     @property
     def thread_id(self) -> str:

@@ -41,7 +41,9 @@ QUESTIONS = [
     ("postmortem", "postmortem"),
     ("please draft a postmortem for this outage", "postmortem"),
     ("write the incident report", "postmortem"),
+    ("summary https://chat.example.com/ops/pl/abc", "thread_summary"),
     ("why is the summary job failing?", "root_cause"),  # "summary" as a word is not a catch-up
+    ("summarise the alert", "chat"),  # about the alert, not a catch-up of the thread
     # everything else is a conversation
     ("hello opsbot", "chat"),
     ("how many replicas does api-gateway run?", "chat"),

@@ -158,3 +158,13 @@ async def test_a_channel_scope_by_name_and_the_alerts_runbook_show_in_the_footer
     assert f"runbook: {(folder / 'CheckoutDown.md').resolve()}" in answer["message"]
     assert len(fake.calls_to("GET", rf"/api/v4/channels/{w['channel']}")) >= 1
     assert not any("/namespaces/web/" in r for r in cluster.requests)
+
+
+async def test_a_bot_in_allowed_bots_is_kept_in_the_thread_context(
+    fake: FakeMattermost, start_bot: BotFactory, engine: RecordingEngine
+) -> None:
+    await start_bot(allowed_bots=["ci-bot"])
+    root, w = await incident(fake)
+    await fake.user_posts(w["bob"], w["channel"], "@opsbot did the deploy finish?", root_id=root["id"])
+    await fake.wait_for(lambda: len(answers_in(fake, root["id"])) == 1)
+    assert "] ci-bot (bot): build 4411 deployed" in engine.last_prompt()

@@ -87,6 +87,7 @@ async def test_rca_summary_with_a_link_to_the_thread_posts_a_catch_up_in_that_th
     engine: RecordingEngine = bot.engine  # type: ignore[assignment]
     assert engine.requests[-1].scenario == "thread_summary" and engine.requests[-1].lane.value == "urgent"
     transcript = engine.last_prompt()
+
     assert "Thread transcript (oldest first)" in transcript
     assert (
         "Dana: I rolled back payments-api at 14:02" in transcript
@@ -201,3 +202,18 @@ async def test_an_unreadable_thread_is_noted_in_the_footer_and_answered_all_the_
     (answer,) = answers(slack, "C1")
     footer = next(b for b in answer.blocks or [] if b["type"] == "context")["elements"][0]["text"]
     assert "Thread (failed: the thread could not be read: " in footer
+
+
+async def test_a_bot_in_allowed_bots_is_kept_in_the_thread_context(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    bot = await make_bot(wrap_engine=RecordingEngine, allowed_bots=["ci-bot"])
+    parent = _incident(slack)
+    ask = slack.user_message(
+        "C1", "U0BOB", f"<@{slack.bot_user_id}> did the deploy finish?", thread_ts=parent["ts"]
+    )
+    await slack.deliver_event(slack.mention_events(ask)[0])
+    await slack.wait_for(lambda: len(answers(slack, "C1")) == 1)
+    await settled(bot)
+    engine: RecordingEngine = bot.engine  # type: ignore[assignment]
+    assert "] ci-bot (bot): build 4411 deployed" in engine.last_prompt()

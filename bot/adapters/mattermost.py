@@ -57,6 +57,7 @@ from bot.adapters.mattermost_rest import (
 )
 from bot.adapters.ratelimit import BudgetTimeout, Priority, ticket
 from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
+from bot.adapters.websocket import WebSocketLink
 from bot.config import MattermostSettings
 from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
@@ -134,35 +135,12 @@ class MattermostReply(StreamingReply):
         return text + render_footer(final), self._adapter.feedback_props(final)
 
 
-class _WsSession:
-    """One websocket connection: its reader and pinger, and why it is no longer trusted."""
+class _WsSession(WebSocketLink):
+    """One websocket connection (:class:`WebSocketLink`) and the authentication failure, if any."""
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        self.ws = ws
-        self.hello = asyncio.Event()
-        self.dead = asyncio.Event()
-        self.pong = asyncio.Event()
-        self.reason = ""
+        super().__init__(ws)
         self.failure: MattermostAPIError | None = None
-        self.last_frame = time.monotonic()
-        self.reader: asyncio.Task[None] | None = None
-        self.pinger: asyncio.Task[None] | None = None
-
-    def kill(self, reason: str) -> None:
-        if not self.dead.is_set():
-            self.reason = reason
-            self.dead.set()
-
-    async def close(self) -> None:
-        for task in (self.pinger, self.reader):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if not self.ws.closed:
-            # A half-open peer never answers the close handshake: do not wait for it.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.ws.close(), 1.0)
 
 
 class MattermostAdapter(ChatAdapter):
@@ -315,7 +293,7 @@ class MattermostAdapter(ChatAdapter):
                         await old.close()
                         old = None
                     budget.reset()  # a session that worked: the next reconnect starts quick again
-                    await session.dead.wait()
+                    await session.gone.wait()
                     logger.warning("mattermost websocket %s: reconnecting", session.reason)
                     if self._stopping:
                         await session.close()
@@ -360,14 +338,14 @@ class MattermostAdapter(ChatAdapter):
             max_msg_size=0,
         )
         session = _WsSession(ws)
-        session.reader = asyncio.create_task(self._read_session(session), name="mattermost-ws-read")
+        session.tasks.append(asyncio.create_task(self._read_session(session), name="mattermost-ws-read"))
         try:
             token = self.settings.token.get_secret_value() if self.settings.token else ""
             await ws.send_str(
                 json.dumps({"seq": 1, "action": "authentication_challenge", "data": {"token": token}})
             )
             hello = asyncio.ensure_future(session.hello.wait())
-            dead = asyncio.ensure_future(session.dead.wait())
+            dead = asyncio.ensure_future(session.gone.wait())
             try:
                 await asyncio.wait(
                     {hello, dead}, timeout=self.settings.request_timeout_s, return_when="FIRST_COMPLETED"
@@ -378,51 +356,26 @@ class MattermostAdapter(ChatAdapter):
             if session.failure is not None:
                 raise session.failure
             if not session.hello.is_set():
-                session.kill(session.reason or "no hello in time")
+                session.distrust(session.reason or "no hello in time")
                 return session
         except BaseException:
             await session.close()
             raise
         interval = min(self.settings.websocket_ping_interval_s, self.settings.websocket_silence_s / 3)
-        session.pinger = asyncio.create_task(self._ping_session(session, interval), name="mattermost-ws-ping")
+        pong_timeout = self.settings.websocket_pong_timeout_s
+        pinger = session.keep_pinging(interval_s=interval, pong_timeout_s=pong_timeout)
+        session.tasks.append(asyncio.create_task(pinger, name="mattermost-ws-ping"))
         return session
 
     async def _read_session(self, session: _WsSession) -> None:
         """Read frames until the socket closes or stays silent; events go to their handlers."""
-        ws = session.ws
         silence = self.settings.websocket_silence_s
         expected_seq: int | None = None
         try:
             while True:
-                try:
-                    msg = await ws.receive(timeout=silence)
-                except TimeoutError:
-                    session.kill(f"silent for {silence:.1f} s")
+                frame = await session.next_json(platform="mattermost", silence_s=silence)
+                if frame is None:
                     return
-                session.last_frame = time.monotonic()
-                if msg.type == aiohttp.WSMsgType.PING:
-                    await ws.pong(msg.data)
-                    continue
-                if msg.type == aiohttp.WSMsgType.PONG:
-                    session.pong.set()
-                    continue
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    if msg.type in (
-                        aiohttp.WSMsgType.CLOSE,
-                        aiohttp.WSMsgType.CLOSED,
-                        aiohttp.WSMsgType.CLOSING,
-                        aiohttp.WSMsgType.ERROR,
-                    ):
-                        session.kill(f"closed ({msg.type.name})")
-                        return
-                    continue  # binary frames only prove the socket is alive
-                try:
-                    frame = json.loads(msg.data)
-                except ValueError:
-                    logger.warning("mattermost websocket sent a frame that is not JSON; ignored")
-                    continue
-                if not isinstance(frame, dict):
-                    continue
                 if "seq_reply" in frame:
                     if frame.get("status") == "FAIL" and frame.get("seq_reply") == 1:
                         session.failure = mattermost_error(
@@ -432,7 +385,7 @@ class MattermostAdapter(ChatAdapter):
                             str(frame.get("error", {}).get("message", "")),
                             error_id=str(frame.get("error", {}).get("id", "")),
                         )
-                        session.kill("authentication failed")
+                        session.distrust("authentication failed")
                         return
                     continue
                 seq = frame.get("seq")
@@ -458,23 +411,7 @@ class MattermostAdapter(ChatAdapter):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            session.kill(f"failed: {type(exc).__name__}: {exc}")
-
-    async def _ping_session(self, session: _WsSession, interval: float) -> None:
-        """Ping every ``interval``; no pong within ``websocket_pong_timeout_s`` kills the session."""
-        deadline = self.settings.websocket_pong_timeout_s
-        while not session.ws.closed and not session.dead.is_set():
-            await asyncio.sleep(interval)
-            session.pong.clear()
-            with contextlib.suppress(Exception):
-                await session.ws.ping()
-            try:
-                await asyncio.wait_for(session.pong.wait(), deadline)
-            except TimeoutError:
-                quiet = time.monotonic() - session.last_frame
-                # "silent for": the same words as the receive-silence rule (and the Slack adapter's)
-                session.kill(f"silent for {quiet:.1f} s, no pong within {deadline:g} s")
-                return
+            session.distrust(f"failed: {type(exc).__name__}: {exc}")
 
     def _on_joined(self, frame: dict[str, Any]) -> None:
         data = frame.get("data") or {}

@@ -26,50 +26,29 @@ import contextlib
 import itertools
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from slack_sdk.socket_mode.request import SocketModeRequest
 
+from bot.adapters.websocket import CLOSE_TIMEOUT_S, WebSocketLink
 from bot.config import SlackSettings
 from bot.retry import RetriesExhausted, RetryBudget
 
 logger = logging.getLogger(__name__)
 
-_CLOSE_TIMEOUT_S = 1.0  # a half-open peer never answers the close handshake
 Handler = Callable[[SocketModeRequest], Awaitable[dict[str, Any] | None]]
 
 
-class _Connection:
-    """One Socket Mode websocket: its reader, its pinger, and why it is no longer trusted."""
+class _Connection(WebSocketLink):
+    """One Socket Mode websocket (:class:`WebSocketLink`), numbered for the logs."""
 
-    def __init__(self, number: int, ws: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(
+        self, number: int, ws: aiohttp.ClientWebSocketResponse, on_distrust: Callable[[], None]
+    ) -> None:
+        super().__init__(ws, on_distrust=on_distrust)
         self.number = number
-        self.ws = ws
-        self.hello = asyncio.Event()
-        self.suspect = asyncio.Event()
-        self.reason = ""
-        self.opened_at = time.monotonic()
-        self.last_pong = self.opened_at
-        self._pong = asyncio.Event()
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def distrust(self, reason: str) -> None:
-        if not self.suspect.is_set():
-            self.reason = reason
-            self.suspect.set()
-
-    async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if not self.ws.closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.ws.close(), _CLOSE_TIMEOUT_S)
 
 
 class SocketModeConnections:
@@ -100,7 +79,7 @@ class SocketModeConnections:
     @property
     def live(self) -> int:
         """Connections open and trusted."""
-        return sum(1 for c in self._connections if c.hello.is_set() and not c.suspect.is_set())
+        return sum(1 for c in self._connections if c.hello.is_set() and not c.gone.is_set())
 
     async def start(self) -> None:
         """Open the first connection (errors such as a wrong app token surface here), then keep
@@ -134,12 +113,12 @@ class SocketModeConnections:
     async def _supervise(self) -> None:
         budget = RetryBudget(self.settings.reconnect)
         while not self._closed:
-            trusted = [c for c in self._connections if not c.suspect.is_set()]
+            trusted = [c for c in self._connections if not c.gone.is_set()]
             if len(trusted) >= self.settings.socket_connections:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
-            suspects = [c for c in self._connections if c.suspect.is_set()]
+            suspects = [c for c in self._connections if c.gone.is_set()]
             for c in suspects:
                 logger.warning(
                     "slack socket mode connection %d is suspect (%s): opening a replacement first",
@@ -179,79 +158,37 @@ class SocketModeConnections:
         url = await self._open_url()
         timeout = self.settings.socket_pong_timeout_s + self.settings.socket_ping_interval_s
         ws = await self._session.ws_connect(
-            url, autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=_CLOSE_TIMEOUT_S), max_msg_size=0
+            url, autoping=False, timeout=aiohttp.ClientWSTimeout(ws_close=CLOSE_TIMEOUT_S), max_msg_size=0
         )
-        conn = _Connection(next(self._numbers), ws)
+        conn = _Connection(next(self._numbers), ws, self._changed.set)
         conn.tasks.append(asyncio.create_task(self._read(conn), name=f"slack-socket-{conn.number}-read"))
         try:
             await asyncio.wait_for(conn.hello.wait(), timeout)
         except BaseException:
             await conn.close()
             raise
-        conn.tasks.append(asyncio.create_task(self._ping(conn), name=f"slack-socket-{conn.number}-ping"))
+        pinger = conn.keep_pinging(
+            interval_s=self.settings.socket_ping_interval_s,
+            pong_timeout_s=self.settings.socket_pong_timeout_s,
+        )
+        conn.tasks.append(asyncio.create_task(pinger, name=f"slack-socket-{conn.number}-ping"))
         self._connections.append(conn)
         self.hellos += 1
         logger.info("slack socket mode connection %d up (%d open)", conn.number, len(self._connections))
         return conn
 
-    def _distrust(self, conn: _Connection, reason: str) -> None:
-        conn.distrust(reason)
-        self._changed.set()
-
-    async def _ping(self, conn: _Connection) -> None:
-        interval = self.settings.socket_ping_interval_s
-        deadline = self.settings.socket_pong_timeout_s
-        while not conn.ws.closed and not conn.suspect.is_set():
-            await asyncio.sleep(interval)
-            conn._pong.clear()
-            sent = time.monotonic()
-            with contextlib.suppress(Exception):
-                await conn.ws.ping(f"opsbot:{sent:.3f}".encode())
-            try:
-                await asyncio.wait_for(conn._pong.wait(), deadline)
-            except TimeoutError:
-                # "silent for" on purpose: the same words as the Mattermost adapter's log line
-                self._distrust(
-                    conn,
-                    f"silent for {time.monotonic() - conn.last_pong:.1f} s, no pong within {deadline:g} s",
-                )
-                return
-
     async def _read(self, conn: _Connection) -> None:
         try:
             while True:
-                msg = await conn.ws.receive()
-                if msg.type == aiohttp.WSMsgType.PING:
-                    with contextlib.suppress(Exception):
-                        await conn.ws.pong(msg.data)
-                    continue
-                if msg.type == aiohttp.WSMsgType.PONG:
-                    conn.last_pong = time.monotonic()
-                    conn._pong.set()
-                    continue
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    if msg.type in (
-                        aiohttp.WSMsgType.CLOSE,
-                        aiohttp.WSMsgType.CLOSED,
-                        aiohttp.WSMsgType.CLOSING,
-                        aiohttp.WSMsgType.ERROR,
-                    ):
-                        self._distrust(conn, f"closed ({msg.type.name})")
-                        return
-                    continue
-                try:
-                    frame = json.loads(msg.data)
-                except ValueError:
-                    logger.warning("slack socket mode sent a frame that is not JSON; ignored")
-                    continue
-                if not isinstance(frame, dict):
-                    continue
+                frame = await conn.next_json(platform="slack socket mode")
+                if frame is None:
+                    return
                 kind = frame.get("type")
                 if kind == "hello":
                     conn.hello.set()
                 elif kind == "disconnect":
                     # refresh_requested / warning: Slack closes this one soon; link_disabled: it is off
-                    self._distrust(conn, f"disconnect: {frame.get('reason', '')}")
+                    conn.distrust(f"disconnect: {frame.get('reason', '')}")
                 else:
                     request = SocketModeRequest.from_dict(frame)
                     if request is not None:
@@ -261,7 +198,7 @@ class SocketModeConnections:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._distrust(conn, f"read failed: {type(exc).__name__}: {exc}")
+            conn.distrust(f"read failed: {type(exc).__name__}: {exc}")
 
     async def _answer(self, conn: _Connection, request: SocketModeRequest) -> None:
         try:

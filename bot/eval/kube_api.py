@@ -395,7 +395,15 @@ def pod(
     conditions: list[dict[str, Any]] | None = None,
     image: str = "registry.example.com/app:1.0.0",
     reason: str | None = None,
+    resources: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
+    """A Pod object; ``resources`` apply to every container (default: requests 250m / 256Mi,
+    limits 1 / 512Mi)."""
+    if resources is None:
+        resources = {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        }
     statuses = statuses if statuses is not None else [container_status(image=image)]
     all_ready = bool(statuses) and all(s["ready"] for s in statuses)
     if conditions is None:
@@ -419,10 +427,7 @@ def pod(
         {
             "name": s["name"],
             "image": s["image"],
-            "resources": {
-                "requests": {"cpu": "250m", "memory": "256Mi"},
-                "limits": {"cpu": "1", "memory": "512Mi"},
-            },
+            "resources": resources,
             "env": env or [],
         }
         for s in statuses

@@ -135,7 +135,8 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
     engine_info = {
         "backend": stats.backend or backend,
         "model": model,
-        "model_name": stats.model or Path(model).name,
+        # A model folder or GGUF file is named by its last part; a hub-style id stays whole.
+        "model_name": Path(model).name if Path(model).exists() else (stats.model or model),
         "quantization": stats.quantization,
         "max_model_len": settings.engine.max_model_len,
         "max_tokens": args.max_tokens,

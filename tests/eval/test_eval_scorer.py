@@ -5,8 +5,8 @@ from __future__ import annotations
 from bot.eval.cases import Expectation
 from bot.eval.scorer import contains_number, contains_word, hallucinated_objects, missing_from_context, score
 
-CONTEXT = """payments/worker-6d5f7c9b8-kq2lp | Running | ready 1/1 | restarts 4 | node worker-1 | problems: app
-OOMKilled | app last terminated OOMKilled exit code 137 at 2026-11-29T19:57:00Z
+CONTEXT = """payments/worker-6d5f7c9b8-kq2lp | Running | ready 1/1 | restarts 4 | node worker-1 |
+problems: app OOMKilled | app last terminated OOMKilled exit code 137 at 2026-11-29T19:57:00Z
 container app: image registry.example.com/app:1.0.0; limits {'cpu': '1', 'memory': '512Mi'}
 memory {namespace="payments", pod="worker-6d5f7c9b8-kq2lp"}: min 256.0 MiB, max 512.0 MiB, last 512.0 MiB
 why does worker-6d5f7c9b8-kq2lp in payments keep restarting?"""

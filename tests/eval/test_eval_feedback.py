@@ -49,9 +49,9 @@ async def test_migration_0003_adds_replay_inputs_keeps_older_rows_and_goes_back_
         async with engine.begin() as conn:
             await conn.execute(
                 text(
-                    "INSERT INTO opsbot_requests (request_id, platform, scenario, lane, status, prompt_tokens, "
-                    "cached_tokens, output_tokens, created_at) VALUES ('old', 'slack', 'chat', 'normal', 'ok', "
-                    "0, 0, 0, :at)"
+                    "INSERT INTO opsbot_requests (request_id, platform, scenario, lane, status, "
+                    "prompt_tokens, cached_tokens, output_tokens, created_at) "
+                    "VALUES ('old', 'slack', 'chat', 'normal', 'ok', 0, 0, 0, :at)"
                 ),
                 {"at": datetime(2026, 11, 30, tzinfo=UTC)},
             )

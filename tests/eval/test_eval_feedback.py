@@ -214,3 +214,33 @@ def test_rated_answers_export_as_jsonl_that_opsbot_eval_replays(
     assert scored["feedback-goodanswer1"]["score"]["numbers_expected"] == len(good["expect"]["numbers"])
     assert scored["feedback-badanswer1"]["score"]["passed"] is None  # no expectation to pass or fail
     assert replayed["totals"]["passed"]["of"] == sum(1 for c in lines if any(c["expect"].values()))
+
+
+def test_replay_inputs_are_redacted_and_round_trip_the_bundle():
+    from bot.context.base import ContextBundle, ContextSection
+    from bot.store.records import ThreadMessage
+    from bot.store.replay import encode
+    from bot.types import SourceNote
+
+    key = "AKIA" + "Q7RT2XK9ZL4MWB8N"
+    bundle = ContextBundle(
+        sections=[ContextSection("Kubernetes", "Log tail of shop/a-1/app", f"using key {key}\nok", 30)],
+        notes=[SourceNote("Kubernetes", "ok", "Log tail")],
+        elapsed_ms=12.0,
+    )
+    history = [ThreadMessage("user", f"my key is {key}", "U1", datetime(2026, 12, 1, tzinfo=UTC), None)]
+    stored = encode(
+        question=f"why? {key}",
+        asker="alice",
+        scenario="root_cause",
+        max_tokens=512,
+        system_prompt="be brief",
+        history=history,
+        bundle=bundle,
+    )
+    assert key not in stored
+    back = bundle_from_dict(decode(stored)["context"])
+    assert back.sections[0].title == "Log tail of shop/a-1/app" and back.sections[0].body.endswith("\nok")
+    assert back.sections[0].priority == 30 and back.notes[0].name == "Kubernetes"
+    with pytest.raises(ValueError, match="unknown format"):
+        decode('{"version": 99}')

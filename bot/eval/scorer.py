@@ -151,7 +151,16 @@ def object_names(text: str) -> list[str]:
 
 def hallucinated_objects(answer: str, context: str) -> list[str]:
     """Object-like names of ``answer`` that ``context`` (the whole prompt) does not contain."""
-    return [name for name in object_names(answer) if not contains_word(context, name)]
+    tail = answer.rstrip().rstrip(".,;:)`'\"*").lower()
+    out = []
+    for name in object_names(answer):
+        if contains_word(context, name):
+            continue
+        # A name cut short by the answer's token limit (the answer ends in it) is not an invention.
+        if tail.endswith(name) and re.search(rf"(?<![\w-]){re.escape(name)}", context, re.IGNORECASE):
+            continue
+        out.append(name)
+    return out
 
 
 def score(answer: str, expect: Expectation, context: str) -> Score:

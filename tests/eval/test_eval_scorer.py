@@ -59,6 +59,9 @@ def test_an_invented_pod_or_node_is_counted_as_hallucinated():
     assert result.passed is False
     # Names the context holds are not hallucinated, and ordinary hyphenated words are no objects.
     assert hallucinated_objects("node worker-1 is fine, the crash-looping stopped, UTF-8 logs", CONTEXT) == []
+    # A name the token limit cut short at the very end is not an invention; the same inside is.
+    assert hallucinated_objects("the pod worker-6d5f7", CONTEXT) == []
+    assert hallucinated_objects("the pod worker-6d5f7 is broken", CONTEXT) == ["worker-6d5f7"]
 
 
 def test_object_names_are_whole_words_and_case_insensitive():

@@ -36,7 +36,10 @@ def compare(runs: dict[str, dict[str, Any]], argv: list[str], note: str | None) 
     first = next(iter(runs.values()))
     combined: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["python3", "bench/eval_compare.py", *argv]),
+        # The note is printed below the header; the command names it without repeating it.
+        "command": shlex.join(
+            ["python3", "bench/eval_compare.py", *("NOTE" if a == note else a for a in argv)]
+        ),
         "note": note,
         "runs": {
             label: {

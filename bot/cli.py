@@ -1,4 +1,5 @@
-"""The ``opsbot`` command: run, chat, stats, db, make-test-model, config show, analyze, version.
+"""The ``opsbot`` command: run, chat, stats, db, make-test-model, config show, analyze, eval, feedback
+export, version.
 
 Every expected failure (bad configuration, unreachable database, missing model, unknown flag)
 ends with one line on stderr and a non-zero exit code, never a traceback; ``--debug`` shows it.
@@ -159,6 +160,40 @@ def build_parser() -> OneLineParser:
     analyze.add_argument("--format", choices=["auto", "json", "jsonl", "logs"], default="auto")
     analyze.add_argument("--max-tokens", type=int, help="answer tokens per group (default: the scenario's)")
     analyze.add_argument("--max-groups", type=int, help="groups summarised, largest first (default 200)")
+    ev = sub.add_parser(
+        "eval", help="run incident cases through the whole pipeline and score the answers (JSON + Markdown)"
+    )
+    ev.add_argument(
+        "cases",
+        nargs="*",
+        type=Path,
+        help="case files or folders (*.yaml, feedback *.jsonl); default: the built-in cases",
+    )
+    ev.add_argument("--out", type=Path, required=True, help="folder for report.json, report.md and eval.db")
+    ev.add_argument(
+        "--engine-config",
+        type=Path,
+        metavar="FILE.toml",
+        help="[engine] (and [admission], [scenarios.*], [prompt]) tables laid over the settings",
+    )
+    ev.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable)")
+    ev.add_argument("--max-tokens", type=int, help="answer tokens per case (default: the scenario's)")
+    feedback = sub.add_parser("feedback", help="answers people rated")
+    feedback_sub = feedback.add_subparsers(
+        dest="feedback_command", metavar="ACTION", parser_class=OneLineParser
+    )
+    feedback_sub.required = True
+    export = feedback_sub.add_parser(
+        "export", help="rated answers as JSONL eval cases (opsbot eval runs them)"
+    )
+    export.add_argument("--out", default="-", help="JSONL file to write (default: stdout)")
+    export.add_argument(
+        "--since", type=parse_moment, default=timedelta(days=30), help="as for stats; default 30d"
+    )
+    export.add_argument("--until", type=parse_moment, default=None, help="end, as --since; default now")
+    export.add_argument(
+        "--rating", choices=["all", "up", "down"], default="all", help="liked, disliked or all rated answers"
+    )
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -226,6 +261,14 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
 
             return supervise([sys.executable, "-m", "bot.cli", *args.argv])
         return asyncio.run(_run(settings, err))
+    if args.command == "eval":
+        from bot.eval.command import run_eval
+
+        return asyncio.run(run_eval(settings, args, out=out, err=err))
+    if args.command == "feedback":
+        from bot.eval.command import export_feedback
+
+        return asyncio.run(export_feedback(settings, args, out=out, err=err))
     if args.command == "analyze":
         from bot.analyze.command import run_analyze
 

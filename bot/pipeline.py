@@ -39,7 +39,7 @@ from bot.postmortem import DraftProgress
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
-from bot.store import RequestRecord, Store, ThreadMessage
+from bot.store import RequestRecord, Store, ThreadMessage, replay
 from bot.store.records import percentile
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 from inference.context import request_scope
@@ -352,6 +352,15 @@ class Pipeline:
             message, reply.thread_id, scenario, lane, adapter, own
         )
         record.context_ms = context_ms
+        record.replay_inputs = replay.encode(  # what `opsbot feedback export` replays this answer from
+            question=message.text,
+            asker=message.user_name or message.user,
+            scenario=scenario,
+            max_tokens=sampling.max_tokens,
+            system_prompt=self.prompts.system_prompt,
+            history=history,
+            bundle=bundle,
+        )
         await reply.show_sources(bundle.notes if bundle else [])
         plan: PromptPlan | None = None
         result: GenerationResult | None = None

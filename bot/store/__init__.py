@@ -5,13 +5,21 @@ Open with :meth:`Store.open` (SQLite or PostgreSQL URL); schema migrations are i
 """
 
 from bot.store.db import StoreError
-from bot.store.records import AlertThread, LatencyStats, Percentiles, RequestRecord, ThreadMessage
+from bot.store.records import (
+    AlertThread,
+    LatencyStats,
+    Percentiles,
+    RatedRequest,
+    RequestRecord,
+    ThreadMessage,
+)
 from bot.store.repository import Store
 
 __all__ = [
     "AlertThread",
     "LatencyStats",
     "Percentiles",
+    "RatedRequest",
     "RequestRecord",
     "Store",
     "StoreError",

@@ -39,6 +39,29 @@ class RequestRecord:
     post_ms: float | None = None
     created_at: datetime = field(default_factory=utcnow)
     finished_at: datetime | None = None
+    replay_inputs: str | None = None
+    """What replays this answer (:mod:`bot.store.replay`: redacted question, context bundle, thread
+    turns, scenario); ``None`` when the request ended before its prompt was built."""
+
+
+@dataclass
+class RatedRequest:
+    """A request someone voted on: what replays it, its answer and the votes (user -> +1 / -1)."""
+
+    request_id: str
+    scenario: str
+    model: str | None
+    status: str
+    created_at: datetime
+    replay_inputs: str | None
+    answer: str | None
+    """The answer as stored in its thread (``None``: the turn was not stored)."""
+    votes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rating(self) -> int:
+        """Sum of the votes (> 0: liked on balance)."""
+        return sum(self.votes.values())
 
 
 @dataclass

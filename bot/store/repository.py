@@ -35,7 +35,15 @@ from bot.store.models import (
     ThreadMessageRow,
     ThreadRow,
 )
-from bot.store.records import AlertThread, LatencyStats, RequestRecord, ThreadMessage, percentiles, utcnow
+from bot.store.records import (
+    AlertThread,
+    LatencyStats,
+    RatedRequest,
+    RequestRecord,
+    ThreadMessage,
+    percentiles,
+    utcnow,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -463,11 +471,12 @@ class Store:
 
     async def requests_between(self, since: datetime, until: datetime | None = None) -> list[RequestRecord]:
         """Every request created in ``[since, until)``, stored or still buffered, oldest first, for
-        statistics (``opsbot stats``, ``/rca status``); ``error`` texts are left out (``None``).
+        statistics (``opsbot stats``, ``/rca status``); ``error`` texts and replay inputs are left out
+        (``None``).
 
         Raises :class:`StoreError` if the database cannot be read.
         """
-        names = [f.name for f in fields(RequestRecord) if f.name != "error"]
+        names = [f.name for f in fields(RequestRecord) if f.name not in ("error", "replay_inputs")]
         window = [_REQUESTS.c.created_at >= since]
         if until is not None:
             window.append(_REQUESTS.c.created_at < until)
@@ -486,8 +495,54 @@ class Store:
             raise unreachable(self._engine.url, error) from None
         rows = {r.request_id: RequestRecord(**{name: getattr(r, name) for name in names}) for r in stored}
         for p in pending:
-            rows[p.request_id] = RequestRecord(**{**asdict(p), "error": None})
+            rows[p.request_id] = RequestRecord(**{**asdict(p), "error": None, "replay_inputs": None})
         return sorted(rows.values(), key=lambda r: _aware(r.created_at))
+
+    async def rated_requests(self, since: datetime, until: datetime | None = None) -> list[RatedRequest]:
+        """Requests created in ``[since, until)`` that someone voted on, oldest first, with their
+        replay inputs, answer text and votes (``opsbot feedback export``). Reads the database only
+        (call after the votes were written). Raises :class:`StoreError` if it cannot be read."""
+        window = [_REQUESTS.c.created_at >= since]
+        if until is not None:
+            window.append(_REQUESTS.c.created_at < until)
+        answer = (
+            select(_MESSAGES.c.content)
+            .where(_MESSAGES.c.request_id == _REQUESTS.c.request_id, _MESSAGES.c.role == "assistant")
+            .order_by(_MESSAGES.c.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        try:
+            async with self._timeout(), self._engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        select(
+                            _REQUESTS.c.request_id,
+                            _REQUESTS.c.scenario,
+                            _REQUESTS.c.model,
+                            _REQUESTS.c.status,
+                            _REQUESTS.c.created_at,
+                            _REQUESTS.c.replay_inputs,
+                            answer.label("answer"),
+                            _FEEDBACK.c.user,
+                            _FEEDBACK.c.value,
+                        )
+                        .join(_FEEDBACK, _FEEDBACK.c.request_id == _REQUESTS.c.request_id)
+                        .where(*window)
+                        .order_by(_REQUESTS.c.created_at, _REQUESTS.c.request_id)
+                    )
+                ).all()
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+        rated: dict[str, RatedRequest] = {}
+        for r in rows:
+            item = rated.get(r.request_id)
+            if item is None:
+                item = rated[r.request_id] = RatedRequest(
+                    r.request_id, r.scenario, r.model, r.status, r.created_at, r.replay_inputs, r.answer
+                )
+            item.votes[r.user] = int(r.value)
+        return list(rated.values())
 
     async def count_requests(self) -> int:
         """Request rows in the database (not counting buffered ones)."""

@@ -1,0 +1,270 @@
+"""The eval report: JSON (everything, per case and in total), Markdown (for people), one summary line.
+
+Both files carry the date, the hardware, the package versions, the engine and the exact command, so
+a result can be compared with another run (INT4 against FP8 against bf16 on the same cases).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bot import __version__
+from bot.eval.runner import CaseResult
+from bot.store.records import percentile
+
+_PACKAGES = ("torch", "transformers", "llama-cpp-python", "gguf", "vllm")
+
+
+def hardware() -> dict[str, Any]:
+    """CPU model and cores, memory, GPU (when torch sees one)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    gpu = None
+    if "torch" in sys.modules:  # only when an engine already loaded it: never import CUDA for this
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "gpu": gpu,
+        "os": f"{platform.system()} {platform.release()}",
+    }
+
+
+def versions() -> dict[str, str]:
+    """opsbot, Python and the engine packages that are installed."""
+    found = {"opsbot": __version__, "python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _rate(values: Sequence[bool | None]) -> dict[str, int]:
+    judged = [v for v in values if v is not None]
+    return {"hits": sum(judged), "of": len(judged)}
+
+
+def _spread(values: Sequence[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    return {
+        "p50": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "max": ordered[-1] if ordered else None,
+    }
+
+
+def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
+    """The totals of a run (rates count only the cases that have the expectation)."""
+    scored = [r.score for r in results if r.score is not None]
+    return {
+        "cases": len(results),
+        "answered": sum(r.status == "ok" for r in results),
+        "object_named": _rate([s.object_named for s in scored]),
+        "reason_named": _rate([s.reason_named for s in scored]),
+        "numbers_exact": _rate([s.numbers_exact for s in scored]),
+        "numbers_found": sum(sum(c.ok for c in s.numbers) for s in scored),
+        "numbers_expected": sum(len(s.numbers) for s in scored),
+        "hallucinated_objects": sum(len(s.hallucinated) for s in scored),
+        "cases_with_hallucination": sum(bool(s.hallucinated) for s in scored),
+        "passed": _rate([s.passed for s in scored]),
+        "invalid_cases": [r.case_id for r in results if r.not_in_context],
+        "ttft_ms": _spread([r.ttft_ms for r in results if r.ttft_ms is not None]),
+        "e2e_ms": _spread([r.e2e_ms for r in results if r.e2e_ms is not None]),
+        "output_tokens": sum(r.output_tokens for r in results),
+    }
+
+
+def case_dict(result: CaseResult) -> dict[str, Any]:
+    """One case of the JSON report."""
+    return {
+        "id": result.case_id,
+        "title": result.title,
+        "source": result.source,
+        "scenario": result.scenario,
+        "status": result.status,
+        "error": result.error,
+        "score": result.score.as_dict() if result.score is not None else None,
+        "not_in_context": result.not_in_context,
+        "ttft_ms": result.ttft_ms,
+        "tpot_ms": result.tpot_ms,
+        "e2e_ms": result.e2e_ms,
+        "prompt_tokens": result.prompt_tokens,
+        "output_tokens": result.output_tokens,
+        "sources": result.sources,
+        "request_id": result.request_id,
+        "answer": result.answer,
+        "prompt": result.prompt,
+    }
+
+
+def build_report(
+    results: Sequence[CaseResult],
+    *,
+    started: datetime,
+    wall_s: float,
+    engine: Mapping[str, Any],
+    case_paths: Sequence[str],
+    argv: Sequence[str],
+) -> dict[str, Any]:
+    """The whole JSON report."""
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["opsbot", *argv]),
+        "hardware": hardware(),
+        "versions": versions(),
+        "engine": dict(engine),
+        "cases_from": list(case_paths),
+        "wall_s": round(wall_s, 1),
+        "totals": totals(results),
+        "cases": [case_dict(r) for r in results],
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f} ms"
+
+
+def _mark(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _frac(rate: Mapping[str, int]) -> str:
+    return f"{rate['hits']}/{rate['of']}"
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    """``eval: 25 cases on cpu/model: object 3/25, reason 5/25, numbers 2/40 exact, ...``"""
+    t, e = report["totals"], report["engine"]
+    quant = f" ({e['quantization']})" if e.get("quantization") else ""
+    ttft = t["ttft_ms"]["p50"]
+    e2e = t["e2e_ms"]["p50"]
+    return (
+        f"eval: {t['cases']} cases on {e.get('backend')}/{e.get('model_name') or e.get('model')}{quant}: "
+        f"{t['answered']} answered, object named {_frac(t['object_named'])}, "
+        f"reason named {_frac(t['reason_named'])}, "
+        f"numbers exact {t['numbers_found']}/{t['numbers_expected']}, "
+        f"{t['hallucinated_objects']} hallucinated objects in {t['cases_with_hallucination']} cases, "
+        f"passed {_frac(t['passed'])}; TTFT p50 {_ms(ttft)}, e2e p50 {_ms(e2e)}, "
+        f"wall {report['wall_s']} s"
+    )
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The Markdown report."""
+    t, e, hw = report["totals"], report["engine"], report["hardware"]
+    lines = [
+        f"# opsbot eval — {e.get('model_name') or e.get('model')} on {e.get('backend')}",
+        "",
+        f"- date: {report['date']}",
+        f"- command: `{report['command']}`",
+        f"- hardware: {hw['cpu']}, {hw['cores']} cores, {hw['memory_gib']} GiB"
+        + (f", GPU {hw['gpu']}" if hw.get("gpu") else ", no GPU"),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        "- engine: " + ", ".join(f"{k} {v}" for k, v in e.items() if v not in (None, "")),
+        f"- cases: {t['cases']} from {', '.join(report['cases_from'])}; wall time {report['wall_s']} s",
+        "",
+        "## Totals",
+        "",
+        "| measure | result |",
+        "|---|---|",
+        f"| answered (status ok) | {t['answered']}/{t['cases']} |",
+        f"| failing object named | {_frac(t['object_named'])} |",
+        f"| reason named | {_frac(t['reason_named'])} |",
+        f"| numbers exact (cases with all right) | {_frac(t['numbers_exact'])} |",
+        f"| numbers exact (single numbers) | {t['numbers_found']}/{t['numbers_expected']} |",
+        f"| hallucinated objects | {t['hallucinated_objects']} in {t['cases_with_hallucination']} cases |",
+        f"| passed (all of the above, no hallucination) | {_frac(t['passed'])} |",
+        f"| TTFT p50 / p90 / max | {_ms(t['ttft_ms']['p50'])} / {_ms(t['ttft_ms']['p90'])} / "
+        f"{_ms(t['ttft_ms']['max'])} |",
+        f"| end-to-end p50 / p90 / max | {_ms(t['e2e_ms']['p50'])} / {_ms(t['e2e_ms']['p90'])} / "
+        f"{_ms(t['e2e_ms']['max'])} |",
+        f"| output tokens | {t['output_tokens']} |",
+        "",
+    ]
+    if t["invalid_cases"]:
+        lines += [
+            "Cases whose expectations the prompt did not show (fix the case): "
+            + ", ".join(t["invalid_cases"]),
+            "",
+        ]
+    lines += [
+        "## Per case",
+        "",
+        "| case | scenario | status | object | reason | numbers | hallucinated | TTFT | e2e |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report["cases"]:
+        s = c["score"] or {}
+        numbers = f"{s['numbers_found']}/{s['numbers_expected']}" if s else "–"
+        halluc = ", ".join(s.get("hallucinated") or []) or "–"
+        lines.append(
+            f"| {c['id']} | {c['scenario'] or '–'} | {c['status']} | {_mark(s.get('object_named'))} | "
+            f"{_mark(s.get('reason_named'))} | {numbers} | {_cell(halluc)} | {_ms(c['ttft_ms'])} | "
+            f"{_ms(c['e2e_ms'])} |"
+        )
+    lines += ["", "## Answers", ""]
+    for c in report["cases"]:
+        s = c["score"] or {}
+        missed = [
+            " / ".join(check["wanted"])
+            for kind in ("objects", "reasons", "numbers")
+            for check in (s.get("checks") or {}).get(kind, [])
+            if check["found"] is None
+        ]
+        lines.append(f"### {c['id']}: {c['title']}")
+        lines.append("")
+        if c["error"]:
+            lines.append(f"- error: {_cell(c['error'])}")
+        if missed:
+            lines.append(f"- missing: {_cell('; '.join(missed))}")
+        if c["not_in_context"]:
+            lines.append(f"- not in the prompt (case problem): {_cell('; '.join(c['not_in_context']))}")
+        answer = c["answer"] or ""
+        excerpt = answer[:600] + (" …" if len(answer) > 600 else "")
+        lines += ["", "> " + "\n> ".join(excerpt.splitlines() or ["(no answer)"]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def case_line(index: int, total: int, result: CaseResult) -> str:
+    """The progress line of one finished case."""
+    s = result.score
+    if s is None:
+        verdict = f"{result.status}: {result.error or 'no answer'}"[:160]
+    else:
+        verdict = (
+            f"object {_mark(s.object_named)}, reason {_mark(s.reason_named)}, "
+            f"numbers {sum(c.ok for c in s.numbers)}/{len(s.numbers)}, "
+            f"hallucinated {len(s.hallucinated)}"
+        )
+    latency = f"TTFT {_ms(result.ttft_ms)} · e2e {_ms(result.e2e_ms)}"
+    return f"[{index}/{total}] {result.case_id}: {verdict} · {latency}"

@@ -1,0 +1,372 @@
+"""Running cases: each one through the whole pipeline, on the configured engine, scored.
+
+Per case: the case's Kubernetes API and Prometheus API servers start on free ports; a copy of the
+settings points a fresh :class:`~bot.context.gatherer.ContextGatherer` at them (a replayed request
+gets its stored bundle instead); one message (a mention, or an Alertmanager notification) goes
+through :meth:`Pipeline.handle <bot.pipeline.Pipeline.handle>` into a :class:`CaptureAdapter`; the
+prompt the engine was given is read from a :class:`PromptTap`; the answer is scored against the
+prompt's own text (:mod:`bot.eval.scorer`). One engine serves every case, started once.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
+from bot.config import KubernetesSettings, PrometheusSettings, RunbookSettings, ScopeSettings, Settings
+from bot.context.alertmanager import describe
+from bot.context.base import ContextBundle
+from bot.context.gatherer import ContextGatherer
+from bot.context.scope import ChannelRef
+from bot.eval.cases import EvalCase
+from bot.eval.scorer import Score, missing_from_context, score
+from bot.pipeline import Pipeline
+from bot.prompts import PromptBuilder
+from bot.store import Store
+from bot.store.replay import bundle_from_dict
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
+from inference.engine import (
+    ChatMessage,
+    ChatTokenizer,
+    Engine,
+    EngineHealth,
+    EngineStats,
+    GenerationEvent,
+    GenerationRequest,
+)
+from inference.scenarios import ALERT_SUMMARY, ScenarioRegistry
+
+logger = logging.getLogger(__name__)
+
+PLATFORM = "eval"
+
+
+class PromptTap(Engine):
+    """The configured engine, with the prompt of every request kept (the eval reads what reached it)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+        self.prompts: dict[str, list[ChatMessage]] = {}
+
+    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
+        await self.inner.start(warmup_messages)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        self.prompts[request.request_id] = list(request.messages or [])
+        async for event in self.inner.generate(request):
+            yield event
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    def health(self) -> EngineHealth:
+        return self.inner.health()
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        await self.inner.shutdown(drain_timeout_s)
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        return self.inner.tokenizer
+
+
+class CaptureReply(ReplyStream):
+    """Keeps the streamed text and the final answer instead of posting them."""
+
+    def __init__(self, thread_id: str) -> None:
+        self._thread_id = thread_id
+        self.updates = 0
+        self.final: FinalAnswer | None = None
+        self.sources: list[SourceNote] = []
+
+    @property
+    def thread_id(self) -> str:
+        return self._thread_id
+
+    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        self.sources = list(sources)
+
+    async def update(self, text: str) -> None:
+        self.updates += 1
+        if text and self.first_visible_at is None:
+            self.first_visible_at = time.perf_counter()
+
+    async def finish(self, answer: FinalAnswer) -> None:
+        if self.first_visible_at is None:
+            self.first_visible_at = time.perf_counter()
+        self.final = answer
+
+
+class CaptureAdapter(ChatAdapter):
+    """A chat platform that keeps every reply and notice (the eval's adapter)."""
+
+    platform = PLATFORM
+
+    def __init__(self) -> None:
+        self.replies: dict[str, CaptureReply] = {}
+        self.notices: dict[str, list[str]] = {}
+
+    async def start(self, submit: MessageSink) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def open_reply(self, message: IncomingMessage) -> ReplyStream:
+        reply = CaptureReply(message.thread_id or f"eval-{message.request_id}")
+        self.replies[message.request_id] = reply
+        return reply
+
+    async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
+        self.notices.setdefault(message.request_id, []).append(text)
+
+
+class ReplayGatherer(ContextGatherer):
+    """Gives every question the stored bundle of a replayed request instead of asking a cluster."""
+
+    def __init__(self, bundle: ContextBundle) -> None:
+        super().__init__()
+        self.bundle = bundle
+
+    async def gather(
+        self,
+        question: str,
+        *,
+        scenario: str,
+        alert: Mapping[str, Any] | None = None,
+        channel: ChannelRef | None = None,
+    ) -> ContextBundle:
+        return self.bundle
+
+
+@dataclass(slots=True)
+class CaseResult:
+    """One case's outcome: the answer, its score, its latencies."""
+
+    case_id: str
+    title: str
+    source: str
+    scenario: str | None
+    status: str
+    """The request row's status (``ok``, ``timeout``, ``error`` ...), ``not_answered`` when the
+    pipeline answered with a notice only, ``case_error`` when the case's servers failed."""
+    answer: str = ""
+    error: str | None = None
+    score: Score | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    context_chars: int = 0
+    """Length of the prompt's user turn (context, question and task), in characters."""
+    sources: list[str] = field(default_factory=list)
+    """What each context source gave (``Kubernetes ok``, ``Prometheus failed``)."""
+    not_in_context: list[str] = field(default_factory=list)
+    """Expected objects or numbers the prompt never showed: the case, not the model, is wrong."""
+    request_id: str = ""
+    prompt: str = ""
+    """The prompt's last user turn (kept in the JSON report for reading a case)."""
+
+
+ProgressFn = Callable[[int, int, CaseResult], None]
+
+
+class EvalRunner:
+    """Runs cases one at a time through one pipeline's parts (engine, store, prompts, scenarios)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine: PromptTap,
+        store: Store,
+        prompts: PromptBuilder,
+        scenarios: ScenarioRegistry,
+        model_name: str,
+        run_id: str,
+        workdir: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.store = store
+        self.prompts = prompts
+        self.scenarios = scenarios
+        self.model_name = model_name
+        self.run_id = run_id
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="opsbot-eval-"))
+
+    async def run(self, cases: Sequence[EvalCase], progress: ProgressFn | None = None) -> list[CaseResult]:
+        """Every case in order; ``progress(index, total, result)`` after each."""
+        results = []
+        for index, case in enumerate(cases, 1):
+            result = await self.run_case(case)
+            results.append(result)
+            if progress is not None:
+                progress(index, len(cases), result)
+        return results
+
+    async def run_case(self, case: EvalCase) -> CaseResult:
+        """One case through the pipeline, scored (never raises for a per-case problem)."""
+        kube = case.kubernetes_server()
+        prom = case.prometheus_server()
+        gatherer: ContextGatherer | None = None
+        try:
+            if kube is not None:
+                await kube.start()
+            if prom is not None:
+                await prom.start()
+            gatherer = self._gatherer(case, kube, prom)
+            return await self._answer(case, gatherer)
+        except Exception as exc:  # a case's own servers or state failed: report it, run the rest
+            logger.exception("eval case %s failed to run", case.id)
+            return CaseResult(case.id, case.title, case.source, case.scenario, "case_error", error=str(exc))
+        finally:
+            if gatherer is not None:
+                await gatherer.close()
+            if prom is not None:
+                await prom.stop()
+            if kube is not None:
+                await kube.stop()
+
+    def _gatherer(self, case: EvalCase, kube: Any, prom: Any) -> ContextGatherer:
+        if case.replay is not None:
+            return ReplayGatherer(
+                bundle_from_dict({"sections": case.replay.sections, "notes": case.replay.notes})
+            )
+        base = self.settings
+        update: dict[str, Any] = {
+            "clusters": {},
+            "scope": ScopeSettings(),
+            "runbooks": RunbookSettings(),
+            "kubernetes": KubernetesSettings(),
+            "prometheus": PrometheusSettings(),
+        }
+        if kube is not None:
+            config = kube.write_kubeconfig(self.workdir / f"{case.id}.kubeconfig", context="eval")
+            update["kubernetes"] = base.kubernetes.model_copy(
+                update={
+                    "enabled": True,
+                    "kubeconfig": config,
+                    "context": "eval",
+                    "namespaces": [],
+                    "label_selector": None,
+                }
+            )
+        if prom is not None:
+            update["prometheus"] = base.prometheus.model_copy(
+                update={"enabled": True, "url": prom.url, "bearer_token": None}
+            )
+        return ContextGatherer.from_settings(base.model_copy(update=update))
+
+    async def _answer(self, case: EvalCase, gatherer: ContextGatherer) -> CaseResult:
+        pipeline = Pipeline(
+            engine=self.engine,
+            store=self.store,
+            prompts=self.prompts,
+            scenarios=self.scenarios,
+            context=gatherer,
+            model_name=self.model_name,
+            thread=self.settings.thread,
+        )
+        adapter = CaptureAdapter()
+        message = await self._message(case)
+        started = datetime.now(UTC) - timedelta(seconds=1)
+        await pipeline.handle(message, adapter)
+        # The row as the pipeline wrote it (still buffered or already in the eval's database).
+        rows = await self.store.requests_between(started)
+        record = next((r for r in rows if r.request_id == message.request_id), None)
+        reply = adapter.replies.get(message.request_id)
+        final = reply.final if reply is not None else None
+        prompt_messages = self.engine.prompts.get(message.request_id, [])
+        prompt = prompt_messages[-1].content if prompt_messages else ""
+        result = CaseResult(
+            case_id=case.id,
+            title=case.title,
+            source=case.source,
+            scenario=record.scenario if record else case.scenario,
+            status=record.status if record else "not_answered",
+            request_id=message.request_id,
+            prompt=prompt,
+            context_chars=len(prompt),
+            sources=[f"{n.name} {n.status}" for n in (reply.sources if reply else [])],
+        )
+        if record is None or final is None:
+            result.error = " / ".join(adapter.notices.get(message.request_id, [])) or "no answer"
+            return result
+        result.answer = final.text if final.error is None else ""
+        result.error = final.error
+        result.ttft_ms = record.ttft_ms
+        result.e2e_ms = record.e2e_ms
+        result.tpot_ms = record.tpot_ms
+        result.prompt_tokens = record.prompt_tokens
+        result.output_tokens = record.output_tokens
+        # The whole prompt counts as context: the system prompt names no objects, the question may.
+        context = "\n".join(m.content for m in prompt_messages)
+        result.score = score(result.answer, case.expect, context)
+        result.not_in_context = missing_from_context(case.expect, context)
+        return result
+
+    async def _message(self, case: EvalCase) -> IncomingMessage:
+        case_key = f"{self.run_id}-{case.id}"
+        thread_id = None
+        replay = case.replay
+        if replay is not None and replay.history:
+            # The turns it saw, as a thread of the eval's store: the pipeline reads them back itself.
+            thread_id = f"replay-{case_key}"
+            for turn in replay.history:
+                await self.store.append_message(
+                    PLATFORM,
+                    PLATFORM,
+                    thread_id,
+                    "assistant" if turn.get("role") == "assistant" else "user",
+                    str(turn.get("content", "")),
+                    user=turn.get("user"),
+                )
+        if case.alert is not None:
+            return IncomingMessage(
+                platform=PLATFORM,
+                event_id=case_key,
+                channel=PLATFORM,
+                user="alertmanager",
+                user_name="Alertmanager",
+                text=describe(case.alert),
+                kind=MessageKind.ALERT,
+                thread_id=thread_id,
+                scenario=ALERT_SUMMARY,
+                extra={"alert": case.alert},
+            )
+        assert case.question is not None
+        asker = replay.asker if replay is not None and replay.asker else "eval"
+        return IncomingMessage(
+            platform=PLATFORM,
+            event_id=case_key,
+            channel=PLATFORM,
+            user=asker,
+            user_name=asker,
+            text=case.question,
+            kind=MessageKind.MENTION,
+            thread_id=thread_id,
+            message_id=f"{case_key}-q" if thread_id else None,
+            scenario=case.scenario,
+        )
+
+
+def scenario_overrides(settings: Settings, max_tokens: int | None) -> dict[str, dict[str, Any]]:
+    """The configured scenario overrides, with every scenario's answer capped at ``max_tokens``."""
+    overrides = {name: dict(values) for name, values in settings.scenarios.items()}
+    if max_tokens is not None:
+        for name in ScenarioRegistry(overrides).names:
+            overrides.setdefault(name, {})["max_tokens"] = max_tokens
+    return overrides

@@ -43,6 +43,7 @@ import logging
 import os
 import platform
 import random
+import re
 import resource
 import shlex
 import signal
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -201,6 +203,10 @@ class Workspace:
         self.collect(reqs)
         return sum(1 for r in reqs if r.final is not None and r.answers)
 
+    def call_counts(self) -> dict[str, int]:
+        """Web API / REST calls the bot made, by method."""
+        raise NotImplementedError
+
     def cpu_s(self) -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
@@ -268,6 +274,9 @@ class SlackWorkspace(Workspace):
                 post = await f.post_to_app(self.bot_url, "event", f.event_callback(ev))
                 if req.ack is None:
                     req.ack = post.answered_at
+
+    def call_counts(self) -> dict[str, int]:
+        return dict(Counter(c.method for c in self.fake.calls).most_common())
 
     def _text(self, req: Req) -> str:
         return f"<@{self.fake.bot_user_id}> {req.text}" if req.kind == "mention" else req.text
@@ -378,7 +387,11 @@ class MattermostWorkspace(Workspace):
         }
 
     async def connected(self) -> bool:
-        return self.fake.live_connections >= 1
+        return self.fake.live_connections() >= 1
+
+    def call_counts(self) -> dict[str, int]:
+        paths = Counter(f"{c.method} {re.sub(r'[a-z0-9]{26}', '{id}', c.path)}" for c in self.fake.calls)
+        return dict(paths.most_common())
 
     def new_user(self, channel: str, seq: int) -> str:
         uid = self.fake.add_user(f"asker{seq:05d}")
@@ -537,6 +550,19 @@ class BotProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
         return (int(fields[11]) + int(fields[12])) / ticks
+
+    def thread_cpu_s(self) -> dict[str, float]:
+        """CPU seconds by thread name (the event loop is ``python``'s main thread)."""
+        assert self.proc is not None
+        ticks = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                head, tail = task.joinpath("stat").read_text().rsplit(")", 1)
+                name = head.split("(", 1)[1] + ("" if task.name != str(self.proc.pid) else " (main)")
+                fields = tail.split()
+                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     async def ready(self, workspace: Workspace, timeout_s: float) -> None:
         import aiohttp
@@ -753,7 +779,8 @@ async def run_platform(
     else:
         ws.bot_url = f"http://127.0.0.1:{http_port}/mattermost/command"
     settings = bot_settings(args, ws, workdir, http_port)
-    bot = BotProcess(workdir, settings, {})
+    env = {"OPSBOT_BENCH_PROFILE": f"{args.profile}.{name}"} if args.profile else {}
+    bot = BotProcess(workdir, settings, env)
     out: dict[str, Any] = {"platform": name, "workdir": str(workdir), "patterns": []}
     driver = Driver(ws, args, say)
     reqs: list[Req] = []
@@ -768,6 +795,8 @@ async def run_platform(
         c0, w0 = bot.cpu_s(), time.monotonic()
         await asyncio.sleep(args.idle_s)
         out["idle_cpu_fraction"] = round((bot.cpu_s() - c0) / (time.monotonic() - w0), 4)
+        if args.profile and bot.proc is not None:
+            bot.proc.send_signal(signal.SIGUSR1)  # the profile starts now
         steps: list[tuple[str, Callable[[], Any]]] = []
         for pattern in args.patterns:
             if pattern.startswith("burst"):
@@ -803,8 +832,11 @@ async def run_platform(
         logger.exception("%s failed", name)
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
+        with contextlib.suppress(Exception):
+            out["thread_cpu_s"] = bot.thread_cpu_s()
         out["exit_code"] = await bot.stop()
         ws.collect(reqs)
+        out["platform_calls"] = ws.call_counts()
         await ws.close()
     rows, submits = bot.rows(), bot.submits()
     for r in reqs:
@@ -1126,6 +1158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dump-prompts", action="store_true",
                    help="keep every prompt's token ids the bot submitted (for raw vLLM to replay)")
     p.add_argument("--bot-log-level", default="WARNING")
+    p.add_argument("--profile", help="cProfile the opsbot process into PROFILE.<platform> (the hot path)")
     p.add_argument("--workdir", help="where the bot's data folders go (default: the system temp folder)")
     p.add_argument("--out", type=Path,
                    default=ROOT / "bench" / "results" / f"e2e_bench-{dt.date.today().isoformat()}.json")

@@ -240,12 +240,29 @@ def register() -> None:
             register_backend(name, factory)
 
 
+PROFILE_ENV = "OPSBOT_BENCH_PROFILE"
+"""File a cProfile of the event loop thread is written to at exit, counted from the first SIGUSR1
+(the bench sends it once opsbot is up, so start-up is left out); unset: no profiling."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``opsbot`` with the bench's backends registered."""
+    """``opsbot`` with the bench's backends registered (profiled with ``OPSBOT_BENCH_PROFILE``)."""
     register()
     from bot.cli import main as opsbot_main
 
-    return opsbot_main(argv)
+    profile_to = os.environ.get(PROFILE_ENV)
+    if not profile_to:
+        return opsbot_main(argv)
+    import cProfile
+    import signal
+
+    profiler = cProfile.Profile(time.thread_time)  # the event loop thread's CPU time
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+    try:
+        return opsbot_main(argv)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile_to)
 
 
 if __name__ == "__main__":  # AsyncLLM spawns its engine core: the entry point needs this guard

@@ -756,6 +756,14 @@ class SlackAdapter(ChatAdapter):
     async def start(self, submit: MessageSink) -> None:
         """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
         self._submit = submit
+        if self.client.session is None or self.client.session.closed:
+            # One pooled session for every Web API call: without it slack_sdk opens (and over
+            # HTTPS handshakes) a new connection for each call, the largest share of a busy
+            # bot's CPU. No connection cap: the rate budget is what limits calls.
+            self.client.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+            )
         auth = await self.call("auth.test", {})
         self.bot_user_id = str(auth.get("user_id") or "") or None
         self.bot_id = str(auth.get("bot_id") or "") or None
@@ -996,8 +1004,11 @@ class SlackAdapter(ChatAdapter):
                     logger.info("slack %s failed: %s", method, exc)
 
     async def close(self) -> None:
-        """Drop the reaction swaps not done yet (after the pipeline drained)."""
+        """Drop the reaction swaps not done yet (after the pipeline drained); close the connections."""
         await self.housekeeping.close()
+        if self.client.session is not None:
+            await self.client.session.close()
+            self.client.session = None
 
     # -- ChatAdapter ---------------------------------------------------------------------------
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:

@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -54,8 +55,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,7 @@ class SlackWorkspace(Workspace):
 
     async def connected(self) -> bool:
         if self.mode == "socket":
-            return self.fake.open_connections >= 1
+            return bool(self.fake.open_connections >= 1)
         return any(c.method == "auth.test" and c.ok for c in self.fake.calls)
 
     async def send(self, req: Req) -> None:
@@ -337,7 +338,9 @@ class SlackWorkspace(Workspace):
                 if msg is not None:
                     signs += [at for at, op, _ in msg.reaction_log if op == "add"]
                 signs += [e["at"] for e in f.ephemerals if e.get("user") == r.user]
-                signs += [at for at, ch, th, st in f.thread_statuses if ch == r.channel and th == r.root and st]
+                signs += [
+                    at for at, ch, th, st in f.thread_statuses if ch == r.channel and th == r.root and st
+                ]
                 if signs:
                     r.sign_of_life = min(signs)
             events = [e for e in self._events.get((r.channel, r.root or ""), []) if e[0] >= r.sent]
@@ -387,14 +390,14 @@ class MattermostWorkspace(Workspace):
         }
 
     async def connected(self) -> bool:
-        return self.fake.live_connections() >= 1
+        return bool(self.fake.live_connections() >= 1)
 
     def call_counts(self) -> dict[str, int]:
         paths = Counter(f"{c.method} {re.sub(r'[a-z0-9]{26}', '{id}', c.path)}" for c in self.fake.calls)
         return dict(paths.most_common())
 
     def new_user(self, channel: str, seq: int) -> str:
-        uid = self.fake.add_user(f"asker{seq:05d}")
+        uid: str = self.fake.add_user(f"asker{seq:05d}")
         self.fake.members[channel].add(uid)
         return uid
 
@@ -449,7 +452,9 @@ class MattermostWorkspace(Workspace):
                         (
                             p
                             for p in f.posts.values()
-                            if p["user_id"] == f.bot_user_id and not p.get("root_id") and r.tag in p["message"]
+                            if p["user_id"] == f.bot_user_id
+                            and not p.get("root_id")
+                            and r.tag in p["message"]
                         ),
                         None,
                     )
@@ -571,7 +576,9 @@ class BotProcess:
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise RuntimeError(f"opsbot exited with {self.proc.returncode if self.proc else '?'}:\n{self.tail()}")
+                    raise RuntimeError(
+                        f"opsbot exited with {self.proc.returncode if self.proc else '?'}:\n{self.tail()}"
+                    )
                 with contextlib.suppress(aiohttp.ClientError, OSError):
                     async with session.get(f"http://127.0.0.1:{self.http_port}/readyz") as resp:
                         if resp.status == 200 and await workspace.connected():
@@ -687,7 +694,9 @@ class Driver:
         await self.wait(reqs, f"burst{n}", self.args.pattern_timeout_s)
         return reqs
 
-    async def poisson(self, rate: float, seconds: float, label: str, rca_share: float | None = None) -> list[Req]:
+    async def poisson(
+        self, rate: float, seconds: float, label: str, rca_share: float | None = None
+    ) -> list[Req]:
         reqs: list[Req] = []
         t0 = time.monotonic()
         at = 0.0
@@ -731,6 +740,14 @@ class Driver:
 # --- one platform ---------------------------------------------------------------------------------------
 
 
+def parse_value(text: str) -> Any:
+    """``KEY=VALUE`` values: JSON where they parse (numbers, booleans, lists), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_port: int) -> dict[str, Any]:
     short = {"max_tokens": args.answer_tokens}
     engine: dict[str, Any] = {
@@ -749,7 +766,7 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
             engine["served_model_name"] = args.served_model_name
     for item in args.engine_arg:
         key, _, value = item.partition("=")
-        engine[key] = json.loads(value) if value[:1] in "0123456789[{tf\"-" or value == "null" else value
+        engine[key] = parse_value(value)
     return {
         "data_dir": str(workdir),
         "log_level": args.bot_log_level,
@@ -797,19 +814,17 @@ async def run_platform(
         out["idle_cpu_fraction"] = round((bot.cpu_s() - c0) / (time.monotonic() - w0), 4)
         if args.profile and bot.proc is not None:
             bot.proc.send_signal(signal.SIGUSR1)  # the profile starts now
-        steps: list[tuple[str, Callable[[], Any]]] = []
+        steps: list[tuple[str, Callable[[], Awaitable[list[Req]]]]] = []
         for pattern in args.patterns:
             if pattern.startswith("burst"):
-                steps.append((pattern, lambda n=int(pattern.removeprefix("burst")): driver.burst(n)))
+                steps.append((pattern, functools.partial(driver.burst, int(pattern.removeprefix("burst")))))
             elif pattern == "poisson":
-                steps.append((pattern, lambda: driver.poisson(args.rate, args.seconds, "poisson")))
+                steps.append((pattern, functools.partial(driver.poisson, args.rate, args.seconds, "poisson")))
             elif pattern == "incident":
                 steps.append((pattern, driver.incident))
         for rate in args.sweep:
             label = f"sweep{rate:g}"
-            steps.append(
-                (label, lambda rate=rate, label=label: driver.poisson(rate, args.sweep_seconds, label, 0.0))
-            )
+            steps.append((label, functools.partial(driver.poisson, rate, args.sweep_seconds, label, 0.0)))
         for label, step in steps:
             c0, b0, w0 = bot.cpu_s(), ws.cpu_s(), time.monotonic()
             got = await step()
@@ -866,6 +881,7 @@ def request_json(r: Req) -> dict[str, Any]:
         "answers": r.answers,
         "rows": r.rows,
         "error": r.error,
+        "sent_s": None if r.sent is None else round(r.sent, 4),
     }
     for stage in STAGES:
         value = r.ms(stage)
@@ -873,10 +889,25 @@ def request_json(r: Req) -> dict[str, Any]:
     sub = r.ms("submitted")
     out["submit_ms"] = None if sub is None else round(sub, 3)
     if r.row is not None:
-        for key in ("request_id", "scenario", "lane", "status", "queue_ms", "context_ms", "ttft_ms", "tpot_ms",
-                    "e2e_ms", "post_ms", "prompt_tokens", "cached_tokens", "output_tokens"):
+        for key in (
+            "request_id",
+            "scenario",
+            "lane",
+            "status",
+            "queue_ms",
+            "context_ms",
+            "ttft_ms",
+            "tpot_ms",
+            "e2e_ms",
+            "post_ms",
+            "prompt_tokens",
+            "cached_tokens",
+            "output_tokens",
+        ):
             value = r.row[key]
-            out[f"row_{key}" if key.endswith("_ms") else key] = round(value, 2) if isinstance(value, float) else value
+            out[f"row_{key}" if key.endswith("_ms") else key] = (
+                round(value, 2) if isinstance(value, float) else value
+            )
     return out
 
 
@@ -914,8 +945,14 @@ def summarize(platform_run: dict[str, Any]) -> list[dict[str, Any]]:
                 "duplicated": sum(1 for r in sel if r["answers"] > 1 or r["rows"] > 1),
                 "not_ok": sum(1 for r in sel if r.get("status") not in (None, "ok")),
             }
-            for key in (*(f"{s}_ms" for s in STAGES), "submit_ms", "row_queue_ms", "row_context_ms",
-                        "row_ttft_ms", "row_tpot_ms"):
+            for key in (
+                *(f"{s}_ms" for s in STAGES),
+                "submit_ms",
+                "row_queue_ms",
+                "row_context_ms",
+                "row_ttft_ms",
+                "row_tpot_ms",
+            ):
                 vals = [r[key] for r in sel if r.get(key) is not None]
                 row[key] = {"p50": _r(pct(vals, 50)), "p99": _r(pct(vals, 99)), "n": len(vals)}
             step = cpu.get(pattern)
@@ -968,7 +1005,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"- command: `{meta['command']}`",
         f"- host: {meta['host']}, {meta['cpu']}, {meta['cores']} cores, load average at start "
         f"{meta['loadavg_start']}; GPU: {meta.get('gpu') or 'none'}",
-        f"- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"- engine: {report['config']['engine']}, rate budgets {report['config']['budgets']}, "
         f"{report['config']['channels']} channels",
         "",
@@ -995,7 +1032,8 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## opsbot's own cost",
             "",
-            "| platform | pattern | CPU ms / request | less idle | opsbot CPU share | bench CPU share | load 1 min |",
+            "| platform | pattern | CPU ms / request | less idle | opsbot CPU share | bench CPU share "
+            "| load 1 min |",
             "|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in cpu_rows:
@@ -1068,8 +1106,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     right.set_title("Where the time goes, per stage")
     right.legend(fontsize=8)
     meta = report["meta"]
-    fig.suptitle(f"opsbot end to end, {report['config']['engine']} engine, budgets "
-                 f"{report['config']['budgets']} — {meta['date']}, {meta['host']}", fontsize=10)
+    fig.suptitle(
+        f"opsbot end to end, {report['config']['engine']} engine, budgets "
+        f"{report['config']['budgets']} — {meta['date']}, {meta['host']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -1118,6 +1159,122 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
     }
 
 
+# --- raw vLLM, the very same prompts ----------------------------------------------------------------------
+
+
+def common_prefix(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """The longest prefix every sequence shares (the rendered system prompt of the bot's prompts)."""
+    if not seqs:
+        return []
+    first = list(seqs[0])
+    n = len(first)
+    for seq in seqs[1:]:
+        n = min(n, len(seq))
+        for i in range(n):
+            if seq[i] != first[i]:
+                n = i
+                break
+    return first[:n]
+
+
+async def raw_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Replay a bot run's prompts (``--dump-prompts``) on raw ``AsyncLLM`` with the same engine
+    arguments, warm-up and arrival times (each pattern's offsets from its first event), and compare
+    raw TTFT with the bot's event -> first token visible, pattern by pattern."""
+    from types import SimpleNamespace
+
+    from engine_bench import RawEngine
+
+    from inference.config import EngineConfig
+    from inference.engine import Lane
+
+    source = json.loads(args.raw_replay.read_text())
+    run = source["runs"][0]
+    prompts = {p["request_id"]: p for p in run.get("prompts", [])}
+    if not prompts:
+        raise SystemExit(f"{args.raw_replay} has no prompts: run the bot side with --dump-prompts")
+    reqs = [r for r in run["requests"] if r.get("request_id") in prompts and r.get("sent_s") is not None]
+    engine = {k: parse_value(v) for k, v in (a.partition("=")[::2] for a in source["config"]["engine_args"])}
+    model = source["config"]["model"]
+    cfg = EngineConfig(
+        model=model,
+        max_model_len=source["config"].get("max_model_len", 4096),
+        request_timeout_s=None,
+        **engine,
+    )
+    ids = [prompts[r["request_id"]]["prompt_token_ids"] for r in reqs]
+    vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+    wl = SimpleNamespace(warmup_ids=common_prefix(ids), vocab_size=vocab)
+    print(f"raw AsyncLLM: {len(reqs)} prompts, shared prefix {len(wl.warmup_ids)} tokens", file=sys.stderr)
+    results: list[dict[str, Any]] = []
+    async with RawEngine(cfg, wl, cfg.quantization) as eng:  # type: ignore[arg-type]
+        client = eng.client()
+        for pattern in dict.fromkeys(r["pattern"] for r in reqs):
+            mine = [r for r in reqs if r["pattern"] == pattern]
+            t0 = min(r["sent_s"] for r in mine)
+            start = time.monotonic()
+
+            async def one(
+                r: dict[str, Any], start: float = start, t0: float = t0, pattern: str = pattern
+            ) -> dict[str, Any]:
+                await asyncio.sleep(max(0.0, start + r["sent_s"] - t0 - time.monotonic()))
+                p = prompts[r["request_id"]]
+                got = await client.one(p["prompt_token_ids"], p["max_tokens"], Lane(p["lane"]))
+                return {"seq": r["seq"], "pattern": pattern, "kind": r["kind"], **got}
+
+            outs = await asyncio.gather(*(one(r) for r in mine))
+            results += outs
+            p99 = pct([o["ttft"] for o in outs], 99) or 0.0
+            print(f"raw {pattern}: {len(outs)} requests, TTFT P99 {p99:.1f} ms", file=sys.stderr)
+        facts = eng.facts()
+    compare = []
+    for pattern in dict.fromkeys(r["pattern"] for r in reqs):
+        for kind in ("all", *sorted({r["kind"] for r in reqs if r["pattern"] == pattern})):
+            bot = [
+                r["first_token_ms"]
+                for r in reqs
+                if r["pattern"] == pattern and kind in ("all", r["kind"]) and r["first_token_ms"] is not None
+            ]
+            raw = [o["ttft"] for o in results if o["pattern"] == pattern and kind in ("all", o["kind"])]
+            b99, r99 = pct(bot, 99), pct(raw, 99)
+            compare.append({
+                "pattern": pattern, "kind": kind, "n": len(raw),
+                "bot_first_token_p50_ms": _r(pct(bot, 50)), "bot_first_token_p99_ms": _r(b99),
+                "raw_ttft_p50_ms": _r(pct(raw, 50)), "raw_ttft_p99_ms": _r(r99),
+                "p99_ratio": round(b99 / r99, 3) if b99 and r99 else None,
+            })  # fmt: skip
+    report: dict[str, Any] = {
+        "meta": meta(argv),
+        "source": str(args.raw_replay),
+        "engine": facts,
+        "raw": results,
+        "compare": compare,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    lines = [
+        f"# Raw AsyncLLM on the bot's own prompts ({report['meta']['date']})",
+        "",
+        f"- command: `{report['meta']['command']}`; source: `{args.raw_replay}`",
+        f"- GPU: {report['meta']['gpu'] or 'none'}; versions: "
+        + ", ".join(f"{k} {v}" for k, v in report["meta"]["versions"].items()),
+        "",
+        "Bot: event -> first token visible in the fake platform; raw: TTFT from its own submit (ms).",
+        "",
+        "| pattern | kind | n | bot P50 | bot P99 | raw P50 | raw P99 | bot / raw P99 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in compare:
+        lines.append(
+            f"| {c['pattern']} | {c['kind']} | {c['n']} | {c['bot_first_token_p50_ms']} | "
+            f"{c['bot_first_token_p99_ms']} | {c['raw_ttft_p50_ms']} | {c['raw_ttft_p99_ms']} | "
+            f"{c['p99_ratio']} |"
+        )
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), file=sys.stderr)
+    return 0
+
+
 # --- command line ---------------------------------------------------------------------------------------
 
 
@@ -1125,43 +1282,87 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--render", type=Path, help="re-render the Markdown and PNG of this JSON result; nothing runs")
-    p.add_argument("--engine", default="synthetic", help="the bot's engine.backend: synthetic, vllm, openai, cpu")
+    p.add_argument(
+        "--render", type=Path, help="re-render the Markdown and PNG of this JSON result; nothing runs"
+    )
+    p.add_argument(
+        "--raw-replay",
+        type=Path,
+        metavar="BOT_RUN.json",
+        help="replay that run's prompts (--dump-prompts) on raw vLLM AsyncLLM and compare",
+    )
+    p.add_argument(
+        "--engine", default="synthetic", help="the bot's engine.backend: synthetic, vllm, openai, cpu"
+    )
     p.add_argument("--model", help="engine.model (a folder); unset: the tiny offline test model")
     p.add_argument("--base-url", help="engine.base_url for --engine openai")
     p.add_argument("--served-model-name", help="engine.served_model_name for --engine openai")
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="more [engine] settings, e.g. load_format=dummy, quantization=fp8 (repeatable)")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more [engine] settings, e.g. load_format=dummy, quantization=fp8 (repeatable)",
+    )
     p.add_argument("--platforms", default="slack-socket", help=f"comma list of {', '.join(PLATFORMS)}")
-    p.add_argument("--patterns", default="burst8,burst32,burst64,poisson,incident",
-                   help=f"comma list of {', '.join(PATTERNS)} (or none)")
+    p.add_argument(
+        "--patterns",
+        default="burst8,burst32,burst64,poisson,incident",
+        help=f"comma list of {', '.join(PATTERNS)} (or none)",
+    )
     p.add_argument("--channels", type=int, default=16, help="channels the requests are spread over")
-    p.add_argument("--rca-share", type=float, default=0.25, help="share of /rca among burst and Poisson requests")
+    p.add_argument(
+        "--rca-share", type=float, default=0.25, help="share of /rca among burst and Poisson requests"
+    )
     p.add_argument("--rate", type=float, default=10.0, help="Poisson pattern: arrivals per second")
     p.add_argument("--seconds", type=float, default=10.0, help="Poisson pattern: arrival window in seconds")
-    p.add_argument("--sweep", default="", help="comma list of mention rates per second for the sustained-rate sweep")
+    p.add_argument(
+        "--sweep", default="", help="comma list of mention rates per second for the sustained-rate sweep"
+    )
     p.add_argument("--sweep-seconds", type=float, default=10.0, help="arrival window of each sweep rate")
-    p.add_argument("--sweep-submit-p99-ms", type=float, default=100.0,
-                   help="a swept rate is sustained when event -> engine submit P99 stays within this")
-    p.add_argument("--budgets", choices=["on", "off"], default="off",
-                   help="platform rate limits in the fakes and opsbot's budgets for them")
+    p.add_argument(
+        "--sweep-submit-p99-ms",
+        type=float,
+        default=100.0,
+        help="a swept rate is sustained when event -> engine submit P99 stays within this",
+    )
+    p.add_argument(
+        "--budgets",
+        choices=["on", "off"],
+        default="off",
+        help="platform rate limits in the fakes and opsbot's budgets for them",
+    )
     p.add_argument("--answer-tokens", type=int, default=64, help="max_tokens of mentions and follow-ups")
     p.add_argument("--rca-tokens", type=int, default=64, help="max_tokens of /rca (root cause)")
-    p.add_argument("--tokens-per-s", type=float, default=50.0, help="synthetic engine: tokens per second per request")
-    p.add_argument("--synthetic-ttft-ms", type=float, default=20.0, help="synthetic engine: time to first token")
+    p.add_argument(
+        "--tokens-per-s", type=float, default=50.0, help="synthetic engine: tokens per second per request"
+    )
+    p.add_argument(
+        "--synthetic-ttft-ms", type=float, default=20.0, help="synthetic engine: time to first token"
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--pattern-timeout-s", type=float, default=120.0, help="most seconds a pattern may take")
-    p.add_argument("--start-timeout-s", type=float, default=300.0, help="most seconds opsbot may take to start")
-    p.add_argument("--idle-s", type=float, default=3.0, help="seconds of idle CPU measured before the patterns")
+    p.add_argument(
+        "--start-timeout-s", type=float, default=300.0, help="most seconds opsbot may take to start"
+    )
+    p.add_argument(
+        "--idle-s", type=float, default=3.0, help="seconds of idle CPU measured before the patterns"
+    )
     p.add_argument("--pause-s", type=float, default=1.0, help="pause between patterns")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--dump-prompts", action="store_true",
-                   help="keep every prompt's token ids the bot submitted (for raw vLLM to replay)")
+    p.add_argument(
+        "--dump-prompts",
+        action="store_true",
+        help="keep every prompt's token ids the bot submitted (for raw vLLM to replay)",
+    )
     p.add_argument("--bot-log-level", default="WARNING")
     p.add_argument("--profile", help="cProfile the opsbot process into PROFILE.<platform> (the hot path)")
     p.add_argument("--workdir", help="where the bot's data folders go (default: the system temp folder)")
-    p.add_argument("--out", type=Path,
-                   default=ROOT / "bench" / "results" / f"e2e_bench-{dt.date.today().isoformat()}.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / f"e2e_bench-{dt.date.today().isoformat()}.json",
+    )
     args = p.parse_args(argv)
     args.platforms = [x for x in args.platforms.split(",") if x]
     args.patterns = [x for x in args.patterns.split(",") if x and x != "none"]
@@ -1196,6 +1397,7 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "rca_tokens": args.rca_tokens,
             "tokens_per_s": args.tokens_per_s if args.engine == "synthetic" else None,
             "engine_args": args.engine_arg,
+            "max_model_len": args.max_model_len,
             "sweep_submit_p99_ms": args.sweep_submit_p99_ms,
         },
         "runs": [],
@@ -1214,12 +1416,17 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     args = parse_args(argv[1:])
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(message)s"
+    )
     if args.render is not None:
         report = json.loads(args.render.read_text())
         write_report(report, args.render)
         print(f"re-rendered {args.render.with_suffix('.md')} and {args.render.with_suffix('.png')}")
         return 0
+    if args.raw_replay is not None:
+        sys.path.insert(0, str(ROOT / "bench"))
+        return asyncio.run(raw_replay(args, argv))
     return asyncio.run(main_async(args, argv))
 
 

@@ -225,19 +225,16 @@ def register() -> None:
     if record:
         factories.update({name: _builtin(name) for name in ("vllm", "openai", "cpu")})
     for name, factory in factories.items():
-        if record:
-            path = Path(record)
+        register_backend(name, _recorded(factory, Path(record)) if record else factory)
 
-            def recorded(
-                config: EngineConfig,
-                on_fatal: Callable[[str], None] | None,
-                factory: Callable[[EngineConfig, Callable[[str], None] | None], Engine] = factory,
-            ) -> Engine:
-                return RecordingEngine(factory(config, on_fatal), path)
 
-            register_backend(name, recorded)
-        else:
-            register_backend(name, factory)
+def _recorded(
+    factory: Callable[[EngineConfig, Callable[[str], None] | None], Engine], path: Path
+) -> Callable[[EngineConfig, Callable[[str], None] | None], Engine]:
+    def build(config: EngineConfig, on_fatal: Callable[[str], None] | None) -> Engine:
+        return RecordingEngine(factory(config, on_fatal), path)
+
+    return build
 
 
 PROFILE_ENV = "OPSBOT_BENCH_PROFILE"

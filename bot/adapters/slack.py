@@ -764,6 +764,14 @@ class SlackAdapter(ChatAdapter):
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=self.client.timeout),
             )
+        try:
+            await self._connect()
+        except BaseException:  # a start that failed leaves no open connections behind
+            await self._close_session()
+            raise
+        logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
+
+    async def _connect(self) -> None:
         auth = await self.call("auth.test", {})
         self.bot_user_id = str(auth.get("user_id") or "") or None
         self.bot_id = str(auth.get("bot_id") or "") or None
@@ -782,7 +790,11 @@ class SlackAdapter(ChatAdapter):
                 raise
         elif self._verifier is None:
             raise ValueError("slack.signing_secret is required in http mode")
-        logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
+
+    async def _close_session(self) -> None:
+        if self.client.session is not None:
+            await self.client.session.close()
+            self.client.session = None
 
     async def _authorize(self, enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
         assert self.settings.bot_token is not None
@@ -1006,9 +1018,7 @@ class SlackAdapter(ChatAdapter):
     async def close(self) -> None:
         """Drop the reaction swaps not done yet (after the pipeline drained); close the connections."""
         await self.housekeeping.close()
-        if self.client.session is not None:
-            await self.client.session.close()
-            self.client.session = None
+        await self._close_session()
 
     # -- ChatAdapter ---------------------------------------------------------------------------
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:

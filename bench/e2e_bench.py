@@ -208,6 +208,22 @@ class Workspace:
         """Web API / REST calls the bot made, by method."""
         raise NotImplementedError
 
+    @staticmethod
+    def windows(reqs: Sequence[Req]) -> dict[int, float]:
+        """Per request, when the next question in its thread was sent (its answer's writes end
+        before that: a follow-up's answer goes into the same thread)."""
+        by_root: dict[tuple[str, str], list[float]] = {}
+        for r in reqs:
+            if r.root is not None and r.sent is not None:
+                by_root.setdefault((r.channel, r.root), []).append(r.sent)
+        out: dict[int, float] = {}
+        for r in reqs:
+            later = [
+                t for t in by_root.get((r.channel, r.root or ""), []) if r.sent is not None and t > r.sent
+            ]
+            out[r.seq] = min(later, default=float("inf"))
+        return out
+
     def cpu_s(self) -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
@@ -343,7 +359,11 @@ class SlackWorkspace(Workspace):
                 ]
                 if signs:
                     r.sign_of_life = min(signs)
-            events = [e for e in self._events.get((r.channel, r.root or ""), []) if e[0] >= r.sent]
+        until = self.windows(reqs)
+        for r in reqs:
+            if r.sent is None or r.root is None:
+                continue
+            events = [e for e in self._events.get((r.channel, r.root), []) if r.sent <= e[0] < until[r.seq]]
             if not events:
                 continue
             r.placeholder = events[0][0]
@@ -352,8 +372,8 @@ class SlackWorkspace(Workspace):
             r.answers = sum(1 for e in events if e[3])
             if r.answers:
                 r.final = max(at for at, *_ in events)
-            if r.sign_of_life is None or r.sign_of_life > r.placeholder:
-                r.sign_of_life = r.placeholder if r.sign_of_life is None else r.sign_of_life
+            # the answer's first message is a sign of life too, when nothing came earlier
+            r.sign_of_life = min(r.sign_of_life or r.placeholder, r.placeholder)
 
 
 class MattermostWorkspace(Workspace):
@@ -465,7 +485,11 @@ class MattermostWorkspace(Workspace):
                     r.root = r.thread or r.message_id
             if r.sign_of_life is None and r.message_id in self._reactions:
                 r.sign_of_life = self._reactions[r.message_id or ""]
-            events = [e for e in self._events.get(r.root or "", []) if e[0] >= r.sent]
+        until = self.windows(reqs)
+        for r in reqs:
+            if r.sent is None or r.root is None:
+                continue
+            events = [e for e in self._events.get(r.root, []) if r.sent <= e[0] < until[r.seq]]
             if not events:
                 continue
             r.placeholder = events[0][0]
@@ -474,8 +498,8 @@ class MattermostWorkspace(Workspace):
             r.answers = sum(1 for e in events if e[2])
             if r.answers:
                 r.final = max(at for at, *_ in events)
-            if r.sign_of_life is None:
-                r.sign_of_life = r.placeholder
+            # the answer's first message is a sign of life too, when nothing came earlier
+            r.sign_of_life = min(r.sign_of_life or r.placeholder, r.placeholder)
 
 
 def make_workspace(name: str, channels: int, budgets: bool) -> Workspace:

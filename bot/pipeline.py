@@ -436,10 +436,10 @@ class Pipeline:
         the answer's own message ids to leave out; ``None``: not read) and cluster context,
         concurrently."""
         history_task = None
-        # A thread that starts at this very message (a top-level mention) has no stored turns
-        # and is no alert's thread: no store reads for it (two queries per mention otherwise).
-        new_thread = message.thread_id is not None and message.thread_id == message.message_id
-        if message.kind is MessageKind.FOLLOWUP or (message.thread_id and not new_thread):
+        # Asked outside a thread (a top-level mention, a /rca: the answer starts the thread), there
+        # are no stored turns and no alert behind it: no store reads (two queries per answer).
+        asked_in_thread = own is not None
+        if message.kind is MessageKind.FOLLOWUP or asked_in_thread:
             history_task = asyncio.create_task(
                 self.store.thread_history(message.platform, message.channel, thread_id)
             )
@@ -452,7 +452,7 @@ class Pipeline:
         if self.context is not None:
             t0 = time.perf_counter()
             alert = message.extra.get("alert")
-            if not isinstance(alert, dict) and message.thread_id and not new_thread:
+            if not isinstance(alert, dict) and asked_in_thread:
                 # Asked in an alert's thread: the group's alert names pick its runbook and metrics.
                 found = await self.store.alert_thread_at(message.platform, message.channel, thread_id)
                 alert = thread_reference(found.group_key) if found is not None else None

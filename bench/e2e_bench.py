@@ -568,6 +568,7 @@ class BotProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a kill reaches its engine processes too (killpg)
         )
 
     def alive(self) -> bool:
@@ -623,7 +624,8 @@ class BotProcess:
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout_s)
             except TimeoutError:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 await self.proc.wait()
         self._log.close()
         return self.proc.returncode
@@ -778,7 +780,7 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
         "backend": args.engine,
         "max_model_len": args.max_model_len,
         "request_timeout_s": args.pattern_timeout_s,
-        "drain_timeout_s": 30,
+        "drain_timeout_s": 5,
     }
     if args.model:
         engine["model"] = args.model
@@ -1428,6 +1430,11 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
         },
         "runs": [],
     }
+    # SIGTERM (a `timeout` around the bench) cancels the run: the bot is still stopped, and
+    # what finished is still written
+    task = asyncio.current_task()
+    if task is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     failed = False
     for name in args.platforms:
         run = await run_platform(name, args, say)

@@ -8,7 +8,8 @@
 #   3. opsbot + in-process vLLM, FP8 (online)           -> $OUT/e2e-vllm-fp8.{json,md,png}
 #   4. opsbot (engine.backend = "openai") -> vllm serve, bf16  -> $OUT/e2e-openai-bf16.{json,md,png}
 # Each step has its own deadline so the whole run stays under ~8.5 min of device time. (~7-8 min)
-# usage: bench/h200/e2e.sh [extra e2e_bench.py args for the bot steps]
+# usage: [STEPS="1 2"] bench/h200/e2e.sh [extra e2e_bench.py args for the bot steps]
+#   STEPS picks steps (default all four; step 2 needs step 1's JSON in $OUT)
 set -uo pipefail
 source bench/h200/env.sh || exit $?
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -25,42 +26,50 @@ vllm=(--engine vllm --engine-arg load_format=dummy --engine-arg gpu_memory_utili
       --engine-arg max_num_seqs=64 --engine-arg max_num_batched_tokens=8192 --engine-arg scheduling_policy=priority)
 run() {  # run LIMIT_S NAME ARGS...: one e2e_bench.py invocation, its log in $OUT
   local limit=$1 name=$2; shift 2
-  timeout -k 10 "$limit" python3 bench/e2e_bench.py "$@" --out "$OUT/$name.json" 2>&1 \
+  timeout -k 40 "$limit" python3 bench/e2e_bench.py "$@" --out "$OUT/$name.json" 2>&1 \
     | grep -v "Passing raw prompts to InputProcessor is deprecated" | tee "$OUT/$name.log" | tail -c 20000
   local rc=${PIPESTATUS[0]}
   echo "$name: exit status $rc"
   return "$rc"
 }
 status=0
-step "1/4 opsbot + vLLM bf16"
-run 170 e2e-vllm-bf16 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 "$@" || status=1
-step "2/4 raw AsyncLLM, the same prompt token ids"
-if [ -f "$OUT/e2e-vllm-bf16.json" ]; then
-  run 100 e2e-raw-bf16 --raw-replay "$OUT/e2e-vllm-bf16.json" || status=1
+want() { [[ " ${STEPS:-1 2 3 4} " == *" $1 "* ]]; }
+want 1 && step "1/4 opsbot + vLLM bf16"
+want 1 && { run 160 e2e-vllm-bf16 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 "$@" || status=1; }
+want 2 && step "2/4 raw AsyncLLM, the same prompt token ids"
+if want 2 && [ -f "$OUT/e2e-vllm-bf16.json" ]; then
+  run 90 e2e-raw-bf16 --raw-replay "$OUT/e2e-vllm-bf16.json" || status=1
 fi
-step "3/4 opsbot + vLLM FP8"
-run 150 e2e-vllm-fp8 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 --engine-arg quantization=fp8 \
-  "$@" || status=1
+want 3 && step "3/4 opsbot + vLLM FP8"
+want 3 && { run 140 e2e-vllm-fp8 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 \
+  --engine-arg quantization=fp8 "$@" || status=1; }
+if want 4; then
 step "4/4 opsbot (openai backend) -> vllm serve bf16"
 port=18931
-python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name opsbot-8b \
+healthy() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+  "http://127.0.0.1:$port/health" 2> /dev/null; }
+# its own session: the API server and its engine core stop together at the end
+setsid python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name opsbot-8b \
   --load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization 0.85 \
   --max-num-seqs 64 --max-num-batched-tokens 8192 --scheduling-policy priority --enable-prefix-caching \
   --enable-prompt-tokens-details --host 127.0.0.1 --port $port > "$OUT/vllm-serve.log" 2>&1 &
 server=$!
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
+for _ in $(seq 1 100); do
+  healthy && break
   kill -0 $server 2> /dev/null || break
   sleep 1
 done
-if curl -sf "http://127.0.0.1:$port/health" > /dev/null; then
+if healthy; then
   echo "vllm serve healthy (t+$(( $(date +%s) - t0 )) s)"
-  run 140 e2e-openai-bf16 "${common[@]}" --engine openai --base-url "http://127.0.0.1:$port" \
+  run 130 e2e-openai-bf16 "${common[@]}" --engine openai --base-url "http://127.0.0.1:$port" \
     --served-model-name opsbot-8b "$@" || status=1
 else
   echo "vllm serve did not come up; its log:"; tail -30 "$OUT/vllm-serve.log"; status=1
 fi
-kill $server 2> /dev/null; wait $server 2> /dev/null
+kill -TERM -- -$server 2> /dev/null
+for _ in $(seq 1 20); do kill -0 $server 2> /dev/null || break; sleep 1; done
+kill -KILL -- -$server 2> /dev/null
+fi
 step "done"
 for f in e2e-vllm-bf16 e2e-raw-bf16 e2e-vllm-fp8 e2e-openai-bf16; do
   [ -f "$OUT/$f.md" ] && { echo "--- $f.md"; cat "$OUT/$f.md"; }

@@ -793,8 +793,18 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
     for item in args.engine_arg:
         key, _, value = item.partition("=")
         engine[key] = parse_value(value)
+    admission: dict[str, Any] = {}
+    if (args.admission or ("unlimited" if args.engine == "synthetic" else "default")) == "unlimited":
+        # the synthetic engine has no batch to protect: the GPU-sized lane limits would queue
+        # requests in admission and hide what opsbot itself sustains
+        admission = {
+            "max_in_flight": {},
+            "max_prefilling": {},
+            "hold_background_while_urgent_prefills": False,
+        }
     return {
         "data_dir": str(workdir),
+        "admission": admission,
         "log_level": args.bot_log_level,
         "engine": engine,
         "store": {"url": f"sqlite+aiosqlite:///{workdir / 'opsbot.db'}"},
@@ -1358,6 +1368,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="off",
         help="platform rate limits in the fakes and opsbot's budgets for them",
     )
+    p.add_argument(
+        "--admission",
+        choices=["default", "unlimited"],
+        help="lane admission limits: the shipped ones, or none (default: none for the synthetic engine)",
+    )
     p.add_argument("--answer-tokens", type=int, default=64, help="max_tokens of mentions and follow-ups")
     p.add_argument("--rca-tokens", type=int, default=64, help="max_tokens of /rca (root cause)")
     p.add_argument(
@@ -1425,6 +1440,7 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "rca_tokens": args.rca_tokens,
             "tokens_per_s": args.tokens_per_s if args.engine == "synthetic" else None,
             "engine_args": args.engine_arg,
+            "admission": args.admission or ("unlimited" if args.engine == "synthetic" else "default"),
             "max_model_len": args.max_model_len,
             "sweep_submit_p99_ms": args.sweep_submit_p99_ms,
         },

@@ -1156,7 +1156,7 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     report["summary"] = [row for run in report["runs"] for row in summarize(run)]
     report["sweep"] = sweep_verdict(report["summary"], report["config"]["sweep_submit_p99_ms"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
     plot(report, out.with_suffix(".png"))
 

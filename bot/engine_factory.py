@@ -13,10 +13,27 @@ from pathlib import Path
 
 from bot import metrics
 from bot.config import Settings
+from inference import config as engine_config
 from inference.admission import AdmittedEngine
+from inference.config import EngineConfig
 from inference.engine import Engine, Lane
 
 logger = logging.getLogger(__name__)
+
+BackendFactory = Callable[[EngineConfig, Callable[[str], None] | None], Engine]
+"""Builds an engine (before admission) from ``[engine]`` with the model resolved, and ``on_fatal``."""
+_REGISTERED: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``engine.backend = name`` build its engine with ``factory`` (a built-in name is replaced).
+
+    For programs that start opsbot with an engine of their own (``bench/opsbot_synthetic.py``):
+    call it before the settings are loaded, then ``bot.cli.main``.
+    """
+    _REGISTERED[name] = factory
+    engine_config.BACKENDS.add(name)
+
 
 RANDOM_MODEL_WARNING = (
     "no model configured: using the tiny offline test model at %s. Its weights are random, so "
@@ -77,7 +94,9 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
     config = settings.engine.model_copy(update={"model": model})
     backend = pick_backend(settings)
     inner: Engine
-    if backend == "vllm":
+    if backend in _REGISTERED:
+        inner = _REGISTERED[backend](config, on_fatal)
+    elif backend == "vllm":
         from inference.vllm_engine import VllmEngine
 
         inner = VllmEngine(config, on_dead=_engine_died, on_fatal=on_fatal)

@@ -445,7 +445,10 @@ class Pipeline:
         the answer's own message ids to leave out; ``None``: not read) and cluster context,
         concurrently."""
         history_task = None
-        if message.kind is MessageKind.FOLLOWUP or message.thread_id:
+        # Asked outside a thread (a top-level mention, a /rca: the answer starts the thread), there
+        # are no stored turns and no alert behind it: no store reads (two queries per answer).
+        asked_in_thread = own is not None
+        if message.kind is MessageKind.FOLLOWUP or asked_in_thread:
             history_task = asyncio.create_task(
                 self.store.thread_history(message.platform, message.channel, thread_id)
             )
@@ -458,7 +461,7 @@ class Pipeline:
         if self.context is not None:
             t0 = time.perf_counter()
             alert = message.extra.get("alert")
-            if not isinstance(alert, dict) and message.thread_id:
+            if not isinstance(alert, dict) and asked_in_thread:
                 # Asked in an alert's thread: the group's alert names pick its runbook and metrics.
                 found = await self.store.alert_thread_at(message.platform, message.channel, thread_id)
                 alert = thread_reference(found.group_key) if found is not None else None

@@ -22,10 +22,15 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
 
 
+BACKENDS: set[str] = {"auto", "cpu", "vllm", "openai"}
+"""Names ``engine.backend`` accepts: the built-in ones, plus any a program registers before it loads
+its settings (``bot.engine_factory.register_backend``: the benchmarks' synthetic engine)."""
+
+
 class EngineConfig(ConfigSection):
     """The inference engine: which backend, which model, and every knob the backends read."""
 
-    backend: Literal["auto", "cpu", "vllm", "openai"] = "auto"
+    backend: str = "auto"
     """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU), ``openai`` (a remote
     OpenAI-compatible server at ``base_url``: vLLM, llama.cpp, Ollama, TGI) or ``auto`` (vllm when CUDA
     and vLLM are importable, else cpu; never openai)."""
@@ -128,6 +133,13 @@ class EngineConfig(ConfigSection):
         if not self.model:
             raise ValueError("engine.model is not set: an engine needs a model folder or Hugging Face id")
         return self.model
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(sorted(BACKENDS))}, got {value!r}")
+        return value
 
     @field_validator("dtype")
     @classmethod

@@ -756,6 +756,22 @@ class SlackAdapter(ChatAdapter):
     async def start(self, submit: MessageSink) -> None:
         """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
         self._submit = submit
+        if self.client.session is None or self.client.session.closed:
+            # One pooled session for every Web API call: without it slack_sdk opens (and over
+            # HTTPS handshakes) a new connection for each call, the largest share of a busy
+            # bot's CPU. No connection cap: the rate budget is what limits calls.
+            self.client.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+            )
+        try:
+            await self._connect()
+        except BaseException:  # a start that failed leaves no open connections behind
+            await self._close_session()
+            raise
+        logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
+
+    async def _connect(self) -> None:
         auth = await self.call("auth.test", {})
         self.bot_user_id = str(auth.get("user_id") or "") or None
         self.bot_id = str(auth.get("bot_id") or "") or None
@@ -774,7 +790,11 @@ class SlackAdapter(ChatAdapter):
                 raise
         elif self._verifier is None:
             raise ValueError("slack.signing_secret is required in http mode")
-        logger.info("slack connected: mode=%s bot_user=%s", self.settings.mode, self.bot_user_id)
+
+    async def _close_session(self) -> None:
+        if self.client.session is not None:
+            await self.client.session.close()
+            self.client.session = None
 
     async def _authorize(self, enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
         assert self.settings.bot_token is not None
@@ -996,8 +1016,9 @@ class SlackAdapter(ChatAdapter):
                     logger.info("slack %s failed: %s", method, exc)
 
     async def close(self) -> None:
-        """Drop the reaction swaps not done yet (after the pipeline drained)."""
+        """Drop the reaction swaps not done yet (after the pipeline drained); close the connections."""
         await self.housekeeping.close()
+        await self._close_session()
 
     # -- ChatAdapter ---------------------------------------------------------------------------
     async def open_reply(self, message: IncomingMessage) -> ReplyStream:

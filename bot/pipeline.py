@@ -1,9 +1,11 @@
 """The one flow every question takes, from an adapter's ``IncomingMessage`` to a stored answer.
 
 submit (the pipeline owns the message from here) -> claim the event (de-duplication) -> access
-policy -> commands (help / status) -> scenario and lane (:mod:`bot.routing`) -> placeholder in the
-thread -> thread history + cluster context (concurrently) -> prompt (token ids) -> engine stream
--> throttled edits -> final answer with footer -> thread turns and one request row stored.
+policy -> commands (help / status) -> scenario and lane (:mod:`bot.routing`) -> sign of life and
+placeholder in the thread (for an answer that starts its thread, cluster context meanwhile) ->
+thread history + cluster context (concurrently) -> prompt (token ids) -> engine stream, the
+sources line shown meanwhile -> throttled edits -> final answer with footer -> thread turns and one
+request row stored.
 
 Every failure ends as a short message in the thread and a request row with its status: the user
 never meets silence, and the store never misses a request. Statuses, one per branch of the error
@@ -64,6 +66,8 @@ if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline onl
 logger = logging.getLogger(__name__)
 
 _UPDATE_EVERY_S = 0.05  # redact + hand partial text to the adapter at most this often
+_Gathered = tuple[list[ThreadMessage], ContextBundle | None, float | None]
+"""What :meth:`Pipeline._gather` returns: stored turns, cluster context, context time in ms."""
 CANCEL_GRACE_S = 5.0
 """Seconds an answer stopped by shutdown gets to post its note and write its row."""
 
@@ -307,11 +311,20 @@ class Pipeline:
             lane.value,
         )
         reply: ReplyStream | None = None
-        await adapter.acknowledge(message)  # sign of life before anything slow (no channel post)
+        # Nothing waits on the platform that need not: for an answer that starts its thread, the
+        # cluster context is gathered while the sign of life and the placeholder are posted (in
+        # that order: the reaction is the first thing the asker sees), and the engine gets the
+        # request before the sources line is shown (bench/e2e_bench.py measures event -> submit).
+        early: asyncio.Task[_Gathered] | None = None
+        if not in_thread:  # nothing in _gather depends on the reply's thread yet
+            early = asyncio.create_task(self._gather(message, "", scenario, lane, adapter, None))
+        await adapter.acknowledge(message)  # never raises
         try:
             try:
                 reply = await adapter.open_reply(message)
             except PlatformError as exc:
+                if early is not None:
+                    early.cancel()
                 metrics.REPLIES_FAILED.labels(message.platform).inc()
                 logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
                 record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
@@ -322,8 +335,10 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread)
+            await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread, early)
         except asyncio.CancelledError:
+            if early is not None:
+                early.cancel()
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
             if reply is not None:
@@ -344,13 +359,17 @@ class Pipeline:
         record: RequestRecord,
         adapter: ChatAdapter,
         in_thread: bool = False,
+        gathered: asyncio.Task[_Gathered] | None = None,
     ) -> None:
         sampling = self.scenarios.get(scenario)
-        # The placeholder just posted is in the thread too: not part of what people wrote.
-        own = tuple(reply.posted_ids()) if in_thread else None
-        history, bundle, context_ms = await self._gather(
-            message, reply.thread_id, scenario, lane, adapter, own
-        )
+        if gathered is not None:  # started beside the placeholder (an answer that starts its thread)
+            history, bundle, context_ms = await gathered
+        else:
+            # The placeholder just posted is in the thread too: not part of what people wrote.
+            own = tuple(reply.posted_ids()) if in_thread else None
+            history, bundle, context_ms = await self._gather(
+                message, reply.thread_id, scenario, lane, adapter, own
+            )
         record.context_ms = context_ms
         record.replay_inputs = replay.encode(  # what `opsbot feedback export` replays this answer from
             question=message.text,
@@ -361,7 +380,8 @@ class Pipeline:
             history=history,
             bundle=bundle,
         )
-        await reply.show_sources(bundle.notes if bundle else [])
+        # Shown while the engine already has the request; awaited before the first text edit.
+        sources = asyncio.create_task(reply.show_sources(bundle.notes if bundle else []))
         plan: PromptPlan | None = None
         result: GenerationResult | None = None
         error: str | None = None
@@ -390,7 +410,8 @@ class Pipeline:
             )
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
-            text, result, error = await self._generate(request, stream, record)
+            text, result, error = await self._generate(request, stream, record, sources)
+        await sources
         shown = text
         if scenario == POSTMORTEM and error is None and text:
             shown = await postmortem.deliver(
@@ -440,7 +461,7 @@ class Pipeline:
         lane: Lane,
         adapter: ChatAdapter,
         own: Sequence[str] | None = None,
-    ) -> tuple[list[ThreadMessage], ContextBundle | None, float | None]:
+    ) -> _Gathered:
         """Thread history, the thread as the platform has it (``own``: asked in an existing thread,
         the answer's own message ids to leave out; ``None``: not read) and cluster context,
         concurrently."""
@@ -544,9 +565,16 @@ class Pipeline:
         return ChannelRef(message.platform, message.channel, name)
 
     async def _generate(
-        self, request: GenerationRequest, reply: ReplyStream, record: RequestRecord
+        self,
+        request: GenerationRequest,
+        reply: ReplyStream,
+        record: RequestRecord,
+        before_text: asyncio.Future[None] | None = None,
     ) -> tuple[str, GenerationResult | None, str | None]:
         """Run the engine stream into ``reply``; returns (text, result, user-facing error).
+
+        ``before_text`` (the sources line being shown) is awaited before the first text edit, so
+        the reply's posts keep their order while the engine already works.
 
         The request deadline is the engine layer's (``AdmittedEngine``): it raises
         :class:`RequestTimeoutError`, mapped here like every other branch of the engine's tree.
@@ -562,7 +590,10 @@ class Pipeline:
                     text += event.text
                     now = time.perf_counter()
                     if now - last_update >= _UPDATE_EVERY_S:
-                        last_update = now
+                        if before_text is not None:
+                            await before_text
+                            before_text = None
+                        last_update = time.perf_counter()
                         await reply.update(redact(text))
                 elif isinstance(event, GenerationResult):
                     result = event

@@ -119,6 +119,13 @@ _METADATA_WORDS = frozenset(
         "method",
         "scope",
         "scopes",
+        "audience",
+        "aud",
+        "issuer",
+        "iss",
+        "stdin",
+        "prompt",
+        "helper",
     }
 )
 # Words before a final "key" that make it an address of data, not a credential.
@@ -218,7 +225,7 @@ def is_secret_name(name: str) -> bool:
         return True
     if any(word in joined for word in ("password", "passwd", "secret", "credential", "apikey", "privatekey")):
         return True
-    return any(p in _SECRET_WORDS for p in parts)
+    return joined in _SECRET_WORDS or any(p in _SECRET_WORDS for p in parts)
 
 
 _Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str]], str]]
@@ -256,6 +263,12 @@ def _basic(match: re.Match[str]) -> str:
     return match.group(1) + REDACTED
 
 
+# A file path: every segment lower case, or a key / certificate file name at the end.
+_FILE_PATH = re.compile(
+    r"(?:/|~/|\./)(?:[a-z0-9_.\-]+/)*(?:[a-z0-9_.\-]+|[\w.\-]+\.(?:key|pem|crt|cer|p12|pfx|jks|json|conf|txt|ya?ml))\Z"
+)
+
+
 def _is_user_password(value: str) -> bool:
     """True when ``value`` is base64 of ``user:password`` (Docker's and npm's ``auth`` fields)."""
     if len(value) < 8:
@@ -277,6 +290,8 @@ def _named_value(match: re.Match[str]) -> str:
         return match.group(0)
     if value.lower() in {"true", "false", "null", "none", "nil", "''", '""', "<none>", "***", "*****"}:
         return match.group(0)
+    if _FILE_PATH.match(value.strip("\"'")):  # client-key: /etc/kubernetes/pki/admin.key names a file
+        return match.group(0)
     return _keep_group(match.re.groupindex["value"])(match)
 
 
@@ -284,6 +299,7 @@ def _named_value(match: re.Match[str]) -> str:
 # A shell-ish token: quoted, unquoted, or a flag with a quoted value glued on (-p'pw').
 _TOKEN = re.compile(r"""'[^'\n]*'|"[^"\n]*"|(?:[^\s'"]+|'[^'\n]*'|"[^"\n]*")+""")
 _NEXT, _ATTACHED, _USERPASS, _PASS_PREFIX, _AUTH = "next", "attached", "userpass", "pass:", "auth"
+_NEXT_ONLY, _COOKIE = "next-only", "cookie"  # value only as the next word; a name=value cookie string
 _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     # mysql's -p takes its value glued on only ("-p pw" prompts, and "pw" is the database).
     (
@@ -302,6 +318,8 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
             "-E": _USERPASS,
             "--cert": _USERPASS,
             "--oauth2-bearer": _NEXT,
+            "-b": _COOKIE,
+            "--cookie": _COOKIE,
             "--pass": _NEXT,
             "--proxy-pass": _NEXT,
         },
@@ -327,7 +345,10 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     (r"oc", {"--token": _NEXT, "--password": _NEXT, "-p": _NEXT}),
     (r"ldapsearch|ldapadd|ldapmodify|ldapdelete|ldapwhoami|ldappasswd|ldapcompare", {"-w": _NEXT}),
     (r"sqlcmd|bcp|osql|isql", {"-P": _NEXT}),
-    (r"openssl", {"-passin": _PASS_PREFIX, "-passout": _PASS_PREFIX, "-pass": _PASS_PREFIX, "-k": _NEXT}),
+    (
+        r"openssl",
+        {"-passin": _PASS_PREFIX, "-passout": _PASS_PREFIX, "-pass": _PASS_PREFIX, "-k": _NEXT_ONLY},
+    ),
     (r"smbclient|rpcclient|smbget|smbcacls|smbmap|net\s+ads", {"-U": "%", "--user": "%", "-p": _NEXT}),
     (r"lftp", {"-u": ","}),
     (
@@ -346,7 +367,7 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     (r"7z|7za", {"-p": _ATTACHED}),
     (r"etcdctl", {"--user": _USERPASS, "--password": _NEXT}),
     (r"az\s+login", {"-p": _NEXT, "--password": _NEXT}),
-    (r"influx", {"-password": _NEXT, "-token": _NEXT, "--token": _NEXT, "-t": _NEXT}),
+    (r"influx", {"-password": _NEXT, "-token": _NEXT, "--token": _NEXT, "-t": _NEXT_ONLY}),
     (r"rabbitmqadmin", {"-p": _NEXT, "--password": _NEXT}),
     (r"vault\s+login", {}),
     (r"rabbitmqctl\s+(?:add_user|change_password|authenticate_user)", {}),
@@ -355,7 +376,7 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     (r"aws\s+configure\s+set", {}),
 ]
 _CLIENT_SEGMENT = re.compile(
-    r"(?<![\w\-./])(?P<cmd>"
+    r"(?<![\w\-.])(?P<cmd>"
     + "|".join(f"(?:{names})" for names, _ in _CLIENT_FLAGS)
     + r")(?![\w\-])(?P<args>(?:'[^'\n]*'|\"[^\"\n]*\"|\\\n|[^\n;|&'\"])*)"
 )
@@ -409,6 +430,15 @@ def _positional_secrets(cmd: str, words: list[str]) -> list[int]:
     return []
 
 
+def _command_flags(word: str, following: str) -> dict[str, str] | None:
+    """The flag table of the client ``word`` (or ``word following``) names, if it is one."""
+    for candidate in (f"{word} {following}", word):
+        for pattern, flags in _CLIENT_COMMANDS:
+            if pattern.match(candidate):
+                return flags
+    return None
+
+
 def _client_args(match: re.Match[str]) -> str:
     cmd = " ".join(match.group("cmd").split())
     flags = next((f for pattern, f in _CLIENT_COMMANDS if pattern.search(cmd)), {})
@@ -418,6 +448,11 @@ def _client_args(match: re.Match[str]) -> str:
     new = list(words)
     for index, word in enumerate(words):
         following = words[index + 1] if index + 1 < len(words) else ""
+        # "kubectl exec redis-0 -- redis-cli -a PW": the inner client's flags from here on
+        inner = _command_flags(word.rsplit("/", 1)[-1], following)
+        if inner is not None:
+            flags = inner
+            continue
         for flag, mode in flags.items():
             if word == flag:
                 if mode == _ATTACHED or not following or following.startswith("-"):
@@ -430,13 +465,13 @@ def _client_args(match: re.Match[str]) -> str:
                 and word.startswith(flag)
                 and len(word) > 2
                 and word[2] != "-"
-                and mode != _AUTH
+                and mode not in (_AUTH, _NEXT_ONLY)
             ):
                 target, start = index, 2
             else:
                 continue
             value = words[target][start:]
-            if mode in (_NEXT, _ATTACHED):
+            if mode in (_NEXT, _ATTACHED, _NEXT_ONLY) or (mode == _COOKIE and "=" in value):
                 if _is_literal(value):
                     new[target] = _hide(words[target], start)
             elif mode == _PASS_PREFIX:
@@ -447,7 +482,7 @@ def _client_args(match: re.Match[str]) -> str:
                     new[target] = _hide_after(words[target], start, ":")
                 elif _is_literal(value):
                     new[target] = _hide(words[target], start)
-            else:
+            elif mode != _COOKIE:
                 new[target] = _hide_after(words[target], start, ":" if mode == _USERPASS else mode)
             break
     for index in _positional_secrets(cmd, words):
@@ -665,6 +700,12 @@ _RULES: list[_Rule] = [
         re.compile(r"(?m)^([A-Za-z0-9_.\-*]+:(?:\d{2,5}|\*):[A-Za-z0-9_\-*]+:[A-Za-z0-9_.@\-*]+:)(\S+)$"),
         _keep_group(2),
     ),
+    # GitHub Actions debug logs print an evaluated secret on the line after its name.
+    (
+        "ci_debug",
+        re.compile(r"(##\[debug\]Evaluating: secrets\.\S+[ \t]*\r?\n[^\n]*##\[debug\]Result: ')([^'\n]+)"),
+        _keep_group(2),
+    ),
     # Cookie headers: the whole cookie string is a session.
     (
         "cookie",
@@ -724,14 +765,14 @@ _RULES: list[_Rule] = [
     (
         "named_value",
         re.compile(
-            rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
+            rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
         ),
         _named_value,
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
     (
         "named_value",
-        re.compile(rf"(?<![\w.\-])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"),
+        re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"),
         _named_value,
     ),
     # key: value at the start of a line (YAML, HTTP headers) or after { , ; - so prose such as
@@ -749,7 +790,7 @@ _RULES: list[_Rule] = [
     (
         "named_value",
         re.compile(
-            r"(?<![\w.\-])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
+            r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
             rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
         ),
         _named_value,

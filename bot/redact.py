@@ -329,7 +329,7 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
         {"--password": _NEXT, "--http-password": _NEXT, "--ftp-password": _NEXT, "--proxy-password": _NEXT},
     ),
     # httpie and xh: "-a user:pw", or "-a TOKEN" with --auth-type=bearer
-    (r"(?:(?<=^)|(?<=[$#;&|(]\s)|(?<=[$#;&|(]))\s*(?:http|https|xh)", {"-a": _AUTH, "--auth": _AUTH}),
+    (r"(?:^|(?<=\n)|(?<=[$#;&|(]\s)|(?<=[$#;&|(]))[ \t]*(?:http|https|xh)", {"-a": _AUTH, "--auth": _AUTH}),
     (r"sshpass", {"-p": _NEXT}),
     (r"plink|pscp|psftp", {"-pw": _NEXT}),
     (

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from fakes.mattermost_server import FakeMattermost
+from fakes.recording_engine import RecordingEngine
 from fakes.slack_harness import slack_settings
 from fakes.slack_server import FakeSlack
 
@@ -25,13 +26,13 @@ from bot.adapters.mattermost import MattermostAdapter
 from bot.adapters.slack import SlackAdapter
 from bot.app import submit_to
 from bot.config import MattermostSettings, Settings, StoreSettings
+from bot.context.gatherer import ContextGatherer
 from bot.http import build_http_app
 from bot.pipeline import Pipeline
 from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder
 from bot.store import Store
 from inference.config import EngineConfig
 from inference.cpu_engine import CpuEngine
-from inference.engine import Engine
 from inference.scenarios import ScenarioRegistry
 
 SLASH_TOKEN = "mm-slash-token"
@@ -65,7 +66,7 @@ class World:
     slack: FakeSlack
     mm: FakeMattermost
     store: Store
-    engine: Engine
+    engine: RecordingEngine
     pipeline: Pipeline
     slack_adapter: SlackAdapter
     mm_adapter: MattermostAdapter
@@ -90,8 +91,11 @@ def free_socket() -> socket.socket:
 
 
 @asynccontextmanager
-async def world(model: Path, data_dir: Path, *, max_tokens: int = 3) -> AsyncIterator[World]:
-    """Start everything; stop it all afterwards (in the order bot/app.py does)."""
+async def world(
+    model: Path, data_dir: Path, *, max_tokens: int = 3, kubeconfig: Path | None = None
+) -> AsyncIterator[World]:
+    """Start everything; stop it all afterwards (in the order bot/app.py does). With ``kubeconfig``
+    (a fake cluster's), Kubernetes context is gathered for every question."""
     logs = Records()
     root = logging.getLogger()
     root.addHandler(logs)
@@ -105,30 +109,43 @@ async def world(model: Path, data_dir: Path, *, max_tokens: int = 3) -> AsyncIte
     store = await Store.open(
         f"sqlite+aiosqlite:///{db}", StoreSettings(retry={"initial_s": 0.02, "max_s": 0.2})
     )
-    engine = CpuEngine(
-        EngineConfig(model=str(model), cpu_max_concurrency=2, cpu_threads=1, max_model_len=1024)
+    inner = CpuEngine(
+        EngineConfig(model=str(model), cpu_max_concurrency=2, cpu_threads=1, max_model_len=2048)
     )
-    await engine.start()
+    await inner.start()
+    engine = RecordingEngine(inner)  # keeps every GenerationRequest: scenario, lane, sampling, prompt
     prompts = PromptBuilder(
         engine.tokenizer,
         system_prompt=DEFAULT_SYSTEM_PROMPT,
-        max_model_len=1024,
-        context_share=0.3,
-        history_share=0.2,
+        max_model_len=2048,
+        context_share=0.5,
+        history_share=0.1,
     )
     scenarios = {
         name: {"max_tokens": max_tokens}
         for name in ("chat", "root_cause", "alert_summary", "change_review", "thread_summary", "postmortem")
     }
-    pipeline = Pipeline(
-        engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(scenarios), model_name="tiny"
-    )
     sock = free_socket()
     base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    kube: dict[str, Any] = {}
+    if kubeconfig is not None:
+        kube = {"enabled": True, "kubeconfig": kubeconfig, "context": "fake-cluster", "timeout_s": 30.0}
     settings = Settings(
         data_dir=data_dir,
         slack=slack_settings(slack, "http").model_dump(mode="python"),
         alertmanager={"enabled": True, "bearer_token": ALERT_TOKEN, "targets": ["slack:C0ALERTS"]},
+        kubernetes=kube,
+        # generous: two shared cores and a CPU engine make the fake API server slow at times
+        context={"timeout_s": 30.0},
+    )
+    context = ContextGatherer.from_settings(settings)
+    pipeline = Pipeline(
+        engine=engine,
+        store=store,
+        prompts=prompts,
+        scenarios=ScenarioRegistry(scenarios),
+        context=context,
+        model_name="tiny",
     )
     slack_adapter = SlackAdapter(settings.slack, store)
     mm_settings = MattermostSettings(
@@ -159,6 +176,7 @@ async def world(model: Path, data_dir: Path, *, max_tokens: int = 3) -> AsyncIte
     w = World(
         slack, mm, store, engine, pipeline, slack_adapter, mm_adapter, receiver, base_url, session, logs, db
     )
+    w.extra["settings"] = settings
     try:
         yield w
     finally:
@@ -170,6 +188,7 @@ async def world(model: Path, data_dir: Path, *, max_tokens: int = 3) -> AsyncIte
         await slack_adapter.close()
         await mm_adapter.close()
         await runner.cleanup()
+        await context.close()
         await engine.shutdown(1.0)
         await store.close()
         await mm.close()

@@ -453,6 +453,12 @@ def _client_args(match: re.Match[str]) -> str:
         if inner is not None:
             flags = inner
             continue
+        if len(word) > 2 and word[0] == word[-1] and word[0] in "'\"" and new[index] == word:
+            # sh -c "mysqldump -uroot -pPW ...": a quoted argument can be a command line itself
+            quoted = _CLIENT_SEGMENT.sub(_client_args, word[1:-1])
+            if quoted != word[1:-1]:
+                new[index] = word[0] + quoted + word[0]
+                continue
         for flag, mode in flags.items():
             if word == flag:
                 if mode == _ATTACHED or not following or following.startswith("-"):

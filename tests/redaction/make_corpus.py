@@ -275,6 +275,19 @@ def _misc(i: int) -> None:
     add("db_client_misc", text, secret)
 
 
+@gen("nested_command", 10)
+def _nested(i: int) -> None:
+    p = pw()
+    forms = [
+        f"ssh bastion.prod \"mysql -uroot -p{p} -e 'show full processlist'\"",
+        f"kubectl exec -n db pg-0 -- sh -c \"PGPASSWORD={p} psql -U app -c 'select 1'\"",
+        f"mysql -h {host()} -u app -p$APP_PW shop -e 'select 1' && ssh ops@jump \"redis-cli -a {p} ping\"",
+        f'      command: ["/bin/sh", "-c", "until redis-cli -h redis -a {p} ping; do sleep 1; done"]',
+        f"watch -n5 'curl -s -u monitor:{p} http://rabbitmq:15672/api/overview'",
+    ]
+    add("nested_command", forms[i % len(forms)], p)
+
+
 # --- URLs and connection strings -------------------------------------------------------------
 @gen("url_password", 14)
 def _url(i: int) -> None:

@@ -427,3 +427,22 @@ async def test_bodies_just_over_the_limit_are_413_and_just_under_are_not(
         status, text = await post(w, path, body, headers)
         assert (status == 413) is over, f"{path} {size} bytes: {status} {text[:100]}"
         assert_4xx_or_ok(status, text)
+
+
+@pytest.mark.parametrize("odd", ["\ud800 lone surrogate", "NUL \x00 byte", "bidi \u202e override \ufeff"])
+async def test_a_mention_with_unencodable_characters_is_answered_and_stored(w: World, odd: str) -> None:
+    event = w.slack.user_message("C1", "U1", f"<@{w.slack.bot_user_id}> why is the api down? {odd}")
+    event["type"] = "app_mention"
+    body = json.dumps(w.slack.event_callback(event)).encode()  # "\ud800" travels as a JSON escape
+    headers = {"Content-Type": "application/json", **slack_headers(w, body)}
+    assert (await post(w, w.slack_adapter.settings.events_path, body, headers))[0] == 200
+    await w.slack.wait_for(lambda: len(w.slack.bot_messages("C1")) >= 1)
+    await settle(w)
+    for _ in range(200):
+        if not w.store.buffered:
+            break
+        await asyncio.sleep(0.05)
+    assert not w.store.buffered, "the row never reached the database"
+    async with w.store.engine.connect() as conn:
+        turns = (await conn.execute(sa.text("SELECT content FROM opsbot_thread_messages"))).scalars().all()
+    assert any("why is the api down?" in t for t in turns)

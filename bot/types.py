@@ -72,7 +72,11 @@ class IncomingMessage:
     """Adapter-private data (response URLs, trigger ids, ...)."""
 
     def __post_init__(self) -> None:
-        self.text = clean_text(self.text)
+        # Ids become store keys and text reaches the tokenizer: both must be encodable.
+        for name in ("event_id", "channel", "user", "text", "thread_id", "message_id", "user_name", "team"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, clean_text(value))
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from bot.context.base import ContextSection
 from bot.redact import redact
+from bot.types import clean_text
 
 SOURCE = "Alertmanager"
 _MAX_ALERTS_IN_TEXT = 20
@@ -34,7 +35,7 @@ class PayloadError(ValueError):
 def parse_payload(body: bytes) -> dict[str, Any]:
     """The notification in ``body``; :class:`PayloadError` says what is wrong."""
     try:
-        payload = json.loads(body)
+        payload = _cleaned(json.loads(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
@@ -55,6 +56,18 @@ def parse_payload(body: bytes) -> dict[str, Any]:
     for index, alert in enumerate(payload["alerts"]):
         _check_fields(alert, f"alerts[{index}].", _ALERT_MAPS, _ALERT_TEXTS)
     return payload
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` with every string made encodable (JSON escapes can carry lone surrogates and NUL,
+    which the store and the tokenizer refuse): see :func:`bot.types.clean_text`."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, dict):
+        return {_cleaned(k): _cleaned(v) for k, v in value.items()}
+    return value
 
 
 _GROUP_MAPS = ("groupLabels", "commonLabels", "commonAnnotations")

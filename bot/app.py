@@ -112,7 +112,12 @@ class OpsBot:
             )
             routes.extend(self.analyze.http_routes())
         if self.settings.http.enabled:
-            app = build_http_app(engine=self.engine, store=self.store, routes=routes)
+            app = build_http_app(
+                engine=self.engine,
+                store=self.store,
+                routes=routes,
+                max_body_bytes=self.settings.http.max_body_bytes,
+            )
             self.http_runner, self.http_port = await start_http(
                 app, self.settings.http.host, self.settings.http.port
             )

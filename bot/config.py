@@ -219,6 +219,9 @@ class HttpSettings(ConfigSection):
     """Address to bind."""
     port: int = Field(8080, ge=0, le=65535)
     """Port to bind (0: any free port)."""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest request body in bytes: a larger one is answered 413 before it is read (from its
+    ``Content-Length``) or as soon as it passes the limit (chunked)."""
 
 
 class SlackSettings(AccessSettings):

@@ -8,9 +8,11 @@ and the Alertmanager webhook, each mounted by its owner via ``http_routes()``.
 
 from __future__ import annotations
 
+import json
 import logging
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -24,6 +26,66 @@ logger = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 STORE_KEY = web.AppKey("store", Store)
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Default largest request body (``http.max_body_bytes``)."""
+_CLOSE = {"Connection": "close"}  # the rest of an oversized body is never read: end the connection
+
+_Handler = TypeVar("_Handler", bound=Callable[..., Awaitable[web.StreamResponse]])
+
+
+def accepts(*content_types: str) -> Callable[[_Handler], _Handler]:
+    """Declare the media types a POST handler takes; others are answered 415 before the body is read.
+
+    ``@accepts("application/json")`` on an adapter's handler; :func:`body_guard` applies it.
+    """
+
+    def mark(handler: _Handler) -> _Handler:
+        handler.accepted_content_types = frozenset(content_types)  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+@web.middleware
+async def body_guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The rules every request body meets before a handler parses it, in one place.
+
+    Too large: 413 at once when ``Content-Length`` says so (nothing is read); a chunked body is
+    cut off by aiohttp's ``client_max_size`` as soon as it passes the limit, also 413. Wrong media
+    type for the route (:func:`accepts`): 415. Undecodable input (bad UTF-8, unknown charset,
+    malformed JSON) that a handler did not catch itself: 400, not a 500 with a traceback.
+    """
+    limit = request.app[MAX_BODY_KEY]
+    if request.content_length is not None and request.content_length > limit:
+        logger.warning(
+            "HTTP %s %s refused (413): Content-Length %d bytes > %d bytes",
+            request.method,
+            request.path,
+            request.content_length,
+            limit,
+        )
+        return web.json_response(
+            {"error": f"request body too large (limit {limit} bytes)"}, status=413, headers=_CLOSE
+        )
+    accepted = getattr(handler, "accepted_content_types", None)
+    if accepted is not None and request.content_type not in accepted:
+        expected = " or ".join(sorted(accepted))
+        return web.json_response(
+            {"error": f"unsupported content type {request.content_type!r}; expected {expected}"}, status=415
+        )
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        logger.warning("HTTP %s %s refused (413): body over %d bytes", request.method, request.path, limit)
+        return web.json_response(
+            {"error": f"request body too large (limit {limit} bytes)"}, status=413, headers=_CLOSE
+        )
+    except (UnicodeDecodeError, LookupError, json.JSONDecodeError) as exc:
+        logger.warning("HTTP %s %s refused (400): %s", request.method, request.path, type(exc).__name__)
+        return web.json_response({"error": "malformed request body"}, status=400)
 
 
 _preemptions_seen: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
@@ -81,9 +143,17 @@ async def metrics_view(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_http_app(*, engine: Engine, store: Store, routes: Iterable[web.RouteDef] = ()) -> web.Application:
-    """The aiohttp application with the built-in endpoints plus ``routes``."""
-    app = web.Application(client_max_size=4 * 1024 * 1024)
+def build_http_app(
+    *,
+    engine: Engine,
+    store: Store,
+    routes: Iterable[web.RouteDef] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> web.Application:
+    """The aiohttp application with the built-in endpoints plus ``routes``; bodies over
+    ``max_body_bytes`` get 413 (see :func:`body_guard`)."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[body_guard])
+    app[MAX_BODY_KEY] = max_body_bytes
     app[ENGINE_KEY] = engine
     app[STORE_KEY] = store
     app.add_routes(

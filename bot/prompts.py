@@ -259,7 +259,8 @@ class PromptBuilder:
         if context is not None:
             problems = [f"{n.name}: {n.status} {n.detail}".strip() for n in context.notes if n.status != "ok"]
             if problems:
-                parts.append("Data sources that could not be read: " + "; ".join(problems))
+                # upstream error texts can quote what they were sent: no fence markers from them
+                parts.append("Data sources that could not be read: " + defuse("; ".join(problems)))
             scope = context.scope_text()
             if scope:  # the model must not guess about clusters or namespaces it cannot see
                 parts.append(f"Cluster scope of this answer: {defuse(scope)}.")

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import enum
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with what no store, tokenizer or platform takes replaced by U+FFFD: lone UTF-16
+    surrogates (valid as JSON escapes, which Slack and Mattermost events may carry, but not
+    encodable as UTF-8) and NUL (PostgreSQL text refuses it)."""
+    return _UNSTORABLE.sub("\ufffd", text) if _UNSTORABLE.search(text) else text
 
 
 class MessageKind(enum.StrEnum):
@@ -61,6 +71,13 @@ class IncomingMessage:
     extra: dict[str, object] = field(default_factory=dict)
     """Adapter-private data (response URLs, trigger ids, ...)."""
 
+    def __post_init__(self) -> None:
+        # Ids become store keys and text reaches the tokenizer: both must be encodable.
+        for name in ("event_id", "channel", "user", "text", "thread_id", "message_id", "user_name", "team"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, clean_text(value))
+
 
 @dataclass(slots=True)
 class SourceNote:
@@ -114,6 +131,9 @@ class ThreadPost:
     """Every id a bot author goes by (bot id, bot user id, app id), for ``allowed_bots``."""
     bot_names: tuple[str, ...] = ()
     """Every name a bot author goes by (username, bot or app name, webhook override name)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", clean_text(self.text))  # frozen: set once, here
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ def _configure_and_run(connection: Connection) -> None:
 
 
 async def _run_with_own_engine(url: str) -> None:
-    engine = create_async_engine(url)
+    engine = create_async_engine(url, hide_parameters=True)  # as bot.store.db: no values in logs
     try:
         async with engine.begin() as conn:
             await conn.run_sync(_configure_and_run)

@@ -29,6 +29,7 @@ from bot.context.alertmanager import (
     notification_digest,
     parse_payload,
 )
+from bot.http import accepts
 from bot.redact import redact
 from bot.store.records import AlertThread
 from bot.types import IncomingMessage, MessageKind
@@ -123,6 +124,7 @@ class AlertmanagerReceiver:
         """The webhook route, for the HTTP app."""
         return [web.post("/alertmanager", self.handle_webhook)]
 
+    @accepts("application/json")
     async def handle_webhook(self, request: web.Request) -> web.Response:
         """Check the token, parse, answer 200 at once and process in the background."""
         token = self.settings.alertmanager.bearer_token

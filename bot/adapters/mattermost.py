@@ -59,6 +59,7 @@ from bot.adapters.ratelimit import BudgetTimeout, Priority, ticket
 from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
 from bot.adapters.websocket import WebSocketLink
 from bot.config import MattermostSettings
+from bot.http import accepts
 from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
 from bot.retry import RetryBudget
@@ -847,8 +848,12 @@ class MattermostAdapter(ChatAdapter):
         """``POST /mattermost/command`` (``/rca``) and ``POST /mattermost/actions`` (buttons)."""
         return [web.post(COMMAND_PATH, self._on_command), web.post(ACTIONS_PATH, self._on_action)]
 
+    @accepts("application/x-www-form-urlencoded")  # what Mattermost sends for a POST command
     async def _on_command(self, request: web.Request) -> web.Response:
-        form = await request.post()
+        try:
+            form = await request.post()
+        except ValueError:  # undecodable form (bad charset, bytes that are not UTF-8)
+            return web.json_response({"error": "malformed slash command form"}, status=400)
         expected = self.settings.slash_command_token
         token = str(form.get("token", ""))
         if expected is None or not hmac.compare_digest(token.encode(), expected.get_secret_value().encode()):
@@ -891,6 +896,7 @@ class MattermostAdapter(ChatAdapter):
             ":mag: Looking into it — the answer will be in a thread under your request in this channel."
         )
 
+    @accepts("application/json")
     async def _on_action(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()

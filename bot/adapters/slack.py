@@ -38,6 +38,7 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -88,6 +89,7 @@ from bot.errors import (
     PlatformUnavailable,
     platform_branch,
 )
+from bot.http import accepts
 from bot.logs import request_scope
 from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
 from bot.retry import RetriesExhausted, RetryBudget, RetryKnobs, retry_after_from_headers
@@ -1086,6 +1088,7 @@ class SlackAdapter(ChatAdapter):
             return []
         return [web.post(self.settings.events_path, self._http_endpoint)]
 
+    @accepts("application/json", "application/x-www-form-urlencoded")  # events | commands, actions
     async def _http_endpoint(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
@@ -1101,11 +1104,25 @@ class SlackAdapter(ChatAdapter):
                 timestamp[:20],
             )
             return web.json_response({"error": "invalid request"}, status=401)
+        malformed = malformed_slack_body(body, request.content_type)
+        if malformed is not None:
+            logger.warning("slack request refused (400): %s; path=%s", malformed, request.path)
+            return web.json_response({"error": f"malformed Slack request: {malformed}"}, status=400)
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
-        bolt_request = AsyncBoltRequest(
-            body=body.decode("utf-8", errors="replace"), query=request.query_string, headers=headers
-        )
-        bolt_response = await self.app.async_dispatch(bolt_request)
+        try:
+            bolt_request = AsyncBoltRequest(
+                body=body.decode("utf-8"), query=request.query_string, headers=headers
+            )
+            bolt_response = await self.app.async_dispatch(bolt_request)
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+            # bolt read a field of a shape malformed_slack_body does not know: refuse, never a 500
+            logger.warning(
+                "slack request could not be parsed (400): %s: %s; path=%s",
+                type(exc).__name__,
+                exc,
+                request.path,
+            )
+            return web.json_response({"error": "malformed Slack request"}, status=400)
         return await to_aiohttp_response(bolt_response)
 
     def _signature_problem(self, body: bytes, timestamp: str, signature: str) -> str | None:
@@ -1119,7 +1136,11 @@ class SlackAdapter(ChatAdapter):
             return "malformed timestamp"
         if age > SIGNATURE_MAX_AGE_S:
             return f"stale timestamp ({age:.0f} s old)"
-        if not self._verifier.is_valid(body, timestamp, signature):
+        try:
+            valid = self._verifier.is_valid(body, timestamp, signature)
+        except UnicodeDecodeError:  # the verifier decodes the body; Slack only ever sends UTF-8
+            valid = False
+        if not valid:
             return "bad signature"
         return None
 
@@ -1390,3 +1411,101 @@ class SlackAdapter(ChatAdapter):
                 )
                 return
             self._submit(message)
+
+
+# Fields of a Slack payload (and of its event, message, item, view, ...) that bolt and this adapter
+# read as text, and those that are text or an object ("user": "U1" or {"id": "U1", ...}).
+_TEXT_FIELDS = (
+    "type",
+    "subtype",
+    "text",
+    "ts",
+    "thread_ts",
+    "event_ts",
+    "channel_type",
+    "bot_id",
+    "team_id",
+    "user_id",
+    "channel_id",
+    "enterprise_id",
+    "user_team",
+    "api_app_id",
+    "event_id",
+    "command",
+    "response_url",
+    "trigger_id",
+    "challenge",
+    "token",
+    "action_id",
+    "value",
+    "callback_id",
+)
+_TEXT_OR_OBJECT = ("user", "team", "channel", "enterprise")
+_OBJECTS = (
+    "event",
+    "message",
+    "previous_message",
+    "item",
+    "assistant_thread",
+    "view",
+    "container",
+    "bot_profile",
+)
+_LISTS_OF_OBJECTS = ("authorizations", "actions", "blocks", "files", "attachments")
+
+
+def malformed_slack_body(body: bytes, content_type: str) -> str | None:
+    """Why a (signed) body is not a Slack request of the shape Slack documents; ``None`` if it is.
+
+    Events come as a JSON object, slash commands as a form, interactions as a form whose
+    ``payload`` is a JSON object. Checked before bolt parses it: bolt assumes Slack's shapes and
+    fails with a TypeError (a 500) on anything else.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "body is not UTF-8"
+    data: object
+    if content_type == "application/json":
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return "body is not JSON"
+    else:
+        form = urllib.parse.parse_qs(text, keep_blank_values=True)
+        if "payload" not in form:
+            return None if all(len(v) == 1 for v in form.values()) else "a form field is repeated"
+        try:
+            data = json.loads(form["payload"][0])
+        except ValueError:
+            return "payload is not JSON"
+    return _shape_problem(data, "body", depth=0)
+
+
+def _shape_problem(data: object, where: str, depth: int) -> str | None:
+    if not isinstance(data, dict):
+        return f"{where} is not a JSON object"
+    for key in _TEXT_FIELDS:
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"{where}.{key} is not a string"
+    for key in _TEXT_OR_OBJECT:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            problem = _shape_problem(value, f"{where}.{key}", depth + 1) if depth < 3 else None
+            if problem:
+                return problem
+    for key in _OBJECTS:
+        if data.get(key) is not None and depth < 3:
+            problem = _shape_problem(data[key], f"{where}.{key}", depth + 1)
+            if problem:
+                return problem
+    for key in _LISTS_OF_OBJECTS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            return f"{where}.{key} is not a list"
+        # items only need to be objects: a button action's "text" is itself an object, for one
+        if not all(isinstance(item, dict) for item in value):
+            return f"{where}.{key} holds something that is not an object"
+    return None

@@ -16,6 +16,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bot.adapters.base import ReplyStream
@@ -29,92 +30,162 @@ STREAMING_CURSOR = " ▍"
 """Appended to partial text while the answer is still streaming."""
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One message of a split text: ``text == opener + original[start:end] + closer``.
+
+    ``opener`` and ``closer`` are the fence lines added where a code block was cut (``"```bash\\n"``
+    and ``"\\n```"``), empty otherwise; what lies between two pieces' slices is whitespace only.
+    """
+
+    text: str
+    start: int
+    end: int
+    opener: str = ""
+    closer: str = ""
+
+
+@dataclass(frozen=True)
+class _Block:
+    start: int
+    end: int
+    fence: str | None  # the opening fence line of a code block; None for a paragraph
+    closed: bool = True  # a code block's closing fence is in the text
+
+
 def split_text(text: str, limit: int) -> list[str]:
-    """Split ``text`` into pieces of at most ``limit`` characters.
+    """Split ``text`` into pieces of at most ``limit`` characters (see :func:`split_pieces`)."""
+    return [piece.text for piece in split_pieces(text, limit)]
+
+
+def split_pieces(text: str, limit: int) -> list[Piece]:
+    """Split ``text`` into pieces of at most ``limit`` characters, each a slice of the text.
 
     Cuts fall between paragraphs where possible; a fenced code block stays whole unless it alone
-    exceeds the limit, in which case it is cut between lines and every piece is re-fenced so each
-    message still renders as code. Lines longer than the limit are cut hard as a last resort.
+    exceeds the limit, in which case it is cut between lines and every piece is re-fenced (the
+    opening fence line repeated, a closing one added) so each message still renders as code.
+    Lines longer than the limit are cut hard as a last resort. Nothing is lost or reordered: the
+    slices, in order, are the text minus the whitespace at the cuts (see :class:`Piece`).
     """
     if limit < 16:
         raise ValueError("limit must be at least 16 characters")
     if len(text) <= limit:
-        return [text]
-    chunks: list[str] = []
-    current = ""
+        return [Piece(text, 0, len(text))]
+    pieces: list[Piece] = []
+    current: tuple[int, int] | None = None  # the slice being filled
     for block in _blocks(text):
-        for piece in _fit_block(block, limit):
-            candidate = f"{current}\n\n{piece}" if current else piece
-            if len(candidate) <= limit:
-                current = candidate
-            else:
-                if current:
-                    chunks.append(current)
-                current = piece
-    if current:
-        chunks.append(current)
-    return chunks
+        if current is not None and block.end - current[0] <= limit:
+            current = (current[0], block.end)
+            continue
+        if current is not None:
+            pieces.append(Piece(text[current[0] : current[1]], *current))
+            current = None
+        if block.end - block.start <= limit:
+            current = (block.start, block.end)
+            continue
+        parts = _cut_block(text, block, limit)
+        pieces.extend(parts[:-1])
+        last = parts[-1]
+        if last.opener or last.closer:
+            pieces.append(last)
+        else:  # a plain slice: later blocks may still join it
+            current = (last.start, last.end)
+    if current is not None:
+        pieces.append(Piece(text[current[0] : current[1]], *current))
+    return pieces
 
 
-def _blocks(text: str) -> list[str]:
-    """Paragraphs and whole fenced code blocks, in order."""
-    blocks: list[str] = []
-    para: list[str] = []
-    code: list[str] | None = None
-    for line in text.split("\n"):
+def _lines(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """(start, end) of each line of ``text[start:end]``, newlines excluded."""
+    spans = []
+    at = start
+    while at <= end:
+        newline = text.find("\n", at, end)
+        stop = end if newline < 0 else newline
+        spans.append((at, stop))
+        if newline < 0:
+            break
+        at = newline + 1
+    return spans
+
+
+def _blocks(text: str) -> list[_Block]:
+    """Paragraphs and whole fenced code blocks, as spans of ``text``, in order."""
+    blocks: list[_Block] = []
+    para: tuple[int, int] | None = None
+    code: tuple[int, str] | None = None  # (start, fence line)
+    for start, end in _lines(text, 0, len(text)):
+        line = text[start:end]
         if code is not None:
-            code.append(line)
             if _FENCE.match(line):
-                blocks.append("\n".join(code))
+                blocks.append(_Block(code[0], end, code[1]))
                 code = None
             continue
         if _FENCE.match(line):
-            if para:
-                blocks.append("\n".join(para))
-                para = []
-            code = [line]
+            if para is not None:
+                blocks.append(_Block(*para, None))
+                para = None
+            code = (start, line)
         elif line.strip() == "":
-            if para:
-                blocks.append("\n".join(para))
-                para = []
+            if para is not None:
+                blocks.append(_Block(*para, None))
+                para = None
         else:
-            para.append(line)
-    if code is not None:  # unterminated fence: keep it as code anyway
-        blocks.append("\n".join(code))
-    if para:
-        blocks.append("\n".join(para))
+            para = (para[0] if para else start, end)
+    if code is not None:  # unterminated fence: code to the end of the text
+        blocks.append(_Block(code[0], len(text), code[1], closed=False))
+    if para is not None:
+        blocks.append(_Block(*para, None))
     return blocks
 
 
-def _fit_block(block: str, limit: int) -> list[str]:
-    if len(block) <= limit:
-        return [block]
-    lines = block.split("\n")
-    if _FENCE.match(lines[0]):
-        opener = lines[0].strip()
-        body = lines[1:-1] if len(lines) > 1 and _FENCE.match(lines[-1]) else lines[1:]
-        inner = limit - len(opener) - len("\n\n```")
-        return [f"{opener}\n{part}\n```" for part in _pack_lines(body, inner)]
-    return _pack_lines(lines, limit)
+def _cut_block(text: str, block: _Block, limit: int) -> list[Piece]:
+    """A block longer than ``limit`` as several pieces (code re-fenced at every cut)."""
+    lines = _lines(text, block.start, block.end)
+    plain = [Piece(text[a:b], a, b) for a, b in _pack(text, lines, limit)]
+    if block.fence is None:
+        return plain
+    fence, body = lines[0], lines[1:]
+    closing = body.pop() if block.closed else None
+    opener, closer = text[fence[0] : fence[1]] + "\n", "\n```"
+    room = limit - len(opener) - len(closer)
+    # No room to repeat the fence line (or only fence lines): cut as text, fences as they fall.
+    if room < 8 or not body or (closing is not None and len(opener) + closing[1] - closing[0] > limit):
+        return plain
+    spans: list[list[Any]] = []  # [start, end, added opener, added closer]
+    for index, (a, b) in enumerate(_pack(text, body, room)):
+        # the first piece starts with the text's own fence line, later ones repeat it
+        spans.append([fence[0], b, "", closer] if index == 0 else [a, b, opener, closer])
+    last = spans[-1]
+    if closing is None:
+        last[3] = ""  # unterminated in the text: left open, as written
+    elif len(last[2]) + closing[1] - last[0] <= limit:
+        last[1], last[3] = closing[1], ""  # the text's own closing fence ends the last piece
+    else:  # no room for it: the closing fence line goes alone, re-opened (an empty code block)
+        spans.append([closing[0], closing[1], opener, ""])
+    return [Piece(head + text[a:b] + tail, a, b, head, tail) for a, b, head, tail in spans]
 
 
-def _pack_lines(lines: list[str], limit: int) -> list[str]:
-    out: list[str] = []
-    current = ""
-    for line in lines:
-        while len(line) > limit:  # a single overlong line: cut it hard
-            if current:
+def _pack(text: str, lines: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """Line spans packed greedily into slices of at most ``limit`` characters (an overlong line
+    is cut hard); the newline at a cut is left out."""
+    out: list[tuple[int, int]] = []
+    current: tuple[int, int] | None = None
+    for a, b in lines:
+        if current is not None and b - current[0] <= limit:
+            current = (current[0], b)
+            continue
+        if current is not None:
+            if text[current[0] : current[1]].strip():
                 out.append(current)
-                current = ""
-            out.append(line[:limit])
-            line = line[limit:]
-        candidate = f"{current}\n{line}" if current else line
-        if len(candidate) <= limit:
-            current = candidate
-        else:
-            out.append(current)
-            current = line
-    if current:
+            else:  # blank lines before an overlong one: carried into its first cut, never alone
+                a = current[0]
+            current = None
+        while b - a > limit:
+            out.append((a, a + limit))
+            a += limit
+        current = (a, b)
+    if current is not None and (text[current[0] : current[1]].strip() or not out):
         out.append(current)
     return out
 

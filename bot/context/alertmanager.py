@@ -22,6 +22,7 @@ from typing import Any
 
 from bot.context.base import ContextSection
 from bot.redact import redact
+from bot.types import clean_text
 
 SOURCE = "Alertmanager"
 _MAX_ALERTS_IN_TEXT = 20
@@ -34,7 +35,7 @@ class PayloadError(ValueError):
 def parse_payload(body: bytes) -> dict[str, Any]:
     """The notification in ``body``; :class:`PayloadError` says what is wrong."""
     try:
-        payload = json.loads(body)
+        payload = _cleaned(json.loads(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
@@ -48,7 +49,45 @@ def parse_payload(body: bytes) -> dict[str, Any]:
         raise PayloadError(f"'status' must be 'firing' or 'resolved', got {payload['status']!r}")
     if not isinstance(payload["groupKey"], str) or not payload["groupKey"]:
         raise PayloadError("'groupKey' must be a non-empty string")
+    # The webhook's documented shape: label and annotation sets are string -> string maps, the
+    # other fields strings. Checked here so that processing, later and in the background, can
+    # trust it (a list where a map belongs would fail there, with nobody to tell).
+    _check_fields(payload, "", _GROUP_MAPS, _GROUP_TEXTS)
+    for index, alert in enumerate(payload["alerts"]):
+        _check_fields(alert, f"alerts[{index}].", _ALERT_MAPS, _ALERT_TEXTS)
     return payload
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` with every string made encodable (JSON escapes can carry lone surrogates and NUL,
+    which the store and the tokenizer refuse): see :func:`bot.types.clean_text`."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, dict):
+        return {_cleaned(k): _cleaned(v) for k, v in value.items()}
+    return value
+
+
+_GROUP_MAPS = ("groupLabels", "commonLabels", "commonAnnotations")
+_GROUP_TEXTS = ("receiver", "externalURL", "version")
+_ALERT_MAPS = ("labels", "annotations")
+_ALERT_TEXTS = ("status", "startsAt", "endsAt", "generatorURL", "fingerprint")
+
+
+def _check_fields(data: Mapping[str, Any], where: str, maps: tuple[str, ...], texts: tuple[str, ...]) -> None:
+    for key in maps:
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise PayloadError(f"'{where}{key}' must be an object of string values")
+    for key in texts:
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise PayloadError(f"'{where}{key}' must be a string")
 
 
 def firing(payload: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -53,6 +53,44 @@ def is_row_error(error: BaseException) -> bool:
     return isinstance(error, exc.IntegrityError | exc.DataError)
 
 
+class DriverLogFilter(logging.Filter):
+    """Keeps stored values out of the database libraries' DEBUG lines.
+
+    ``create_engine(hide_parameters=True)`` hides SQLAlchemy's bound parameters, but two more
+    places print message text when their loggers are at DEBUG: aiosqlite logs every call it runs
+    on its thread *with the call's arguments* (the SQL and its parameters), and SQLAlchemy's
+    ``echo="debug"`` logs every result row. The first become the call's name only, the rows a
+    count-free placeholder; the statements themselves are still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite a record that would carry values; never drops a record."""
+        if record.name == "aiosqlite" and record.args:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(_call_name(arg) for arg in args)
+        elif isinstance(record.msg, str) and record.msg.startswith("Row ") and record.args:
+            record.msg, record.args = "Row [values hidden]", None
+        return True
+
+
+def _call_name(call: object) -> str:
+    """``execute`` for ``functools.partial(<sqlite3.Cursor.execute>, sql, params)``; exceptions as text."""
+    if isinstance(call, BaseException):
+        return describe_cause(call)
+    func = getattr(call, "func", call)
+    return str(getattr(func, "__name__", type(func).__name__))
+
+
+_DRIVER_LOG_FILTER = DriverLogFilter()
+"""One instance, so attaching it again (every engine created) is a no-op (addFilter skips a known one)."""
+
+
+def _guard_driver_logs() -> None:
+    # Logger filters see only records of that exact logger: the two that print values.
+    for name in ("aiosqlite", "sqlalchemy.engine.Engine"):
+        logging.getLogger(name).addFilter(_DRIVER_LOG_FILTER)
+
+
 def create_engine(url: str, settings: StoreSettings) -> AsyncEngine:
     """An :class:`AsyncEngine` for ``url``, configured per backend.
 
@@ -66,7 +104,10 @@ def create_engine(url: str, settings: StoreSettings) -> AsyncEngine:
     except Exception as error:  # make_url raises ArgumentError or ValueError
         raise unreachable(url, error) from None
     backend = parsed.get_backend_name()
-    kwargs: dict[str, Any] = {}
+    _guard_driver_logs()
+    # Bound parameters carry message text: never in SQLAlchemy's echo / DEBUG lines nor in the
+    # text of its exceptions ("[SQL parameters hidden due to hide_parameters=True]" instead).
+    kwargs: dict[str, Any] = {"hide_parameters": True}
     if backend == "sqlite":
         database = parsed.database or ""
         if database and database != ":memory:" and not database.startswith("file:"):

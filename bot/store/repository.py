@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from bot import metrics
 from bot.config import StoreSettings, mask_url
+from bot.redact import redact
 from bot.store import migrate
 from bot.store.buffer import PendingClaim, PendingFeedback, PendingMessage, PendingRow, WriteBuffer
 from bot.store.db import StoreError, check_connection, create_engine, describe_cause, unreachable
@@ -214,6 +215,8 @@ class Store:
     # -- buffered writes -------------------------------------------------------------------
     async def record_request(self, record: RequestRecord) -> None:
         """Queue one request row (never raises, never waits on the database)."""
+        if record.error:  # error texts quote platform and engine messages
+            record.error = redact(record.error, where="store")
         self._buffer.put(record)
 
     async def append_message(
@@ -227,7 +230,12 @@ class Store:
         user: str | None = None,
         request_id: str | None = None,
     ) -> None:
-        """Queue one turn of a thread (``role``: ``user`` or ``assistant``)."""
+        """Queue one turn of a thread (``role``: ``user`` or ``assistant``).
+
+        ``content`` is redacted here once more, whoever the caller: the last gate before a row (a
+        count under ``opsbot_secrets_redacted_total{where="store"}`` means a caller forgot).
+        """
+        content = redact(content, where="store")
         self._buffer.put(PendingMessage(platform, channel, thread_id, role, content, user, request_id))
 
     async def save_alert_thread(self, thread: AlertThread) -> None:

@@ -190,7 +190,8 @@ class LlamaCppEngine(CpuEngine):
         self._llama_tokenizer = LlamaCppChatTokenizer(first, str(path))
         self._model = first
         trained = int(first._model.n_ctx_train())
-        self._context_len = int(first.n_ctx())
+        # llama.cpp pads n_ctx up (to 256): the configured window is the limit answers keep to.
+        self._context_len = min(int(first.n_ctx()), cfg.max_model_len, trained or cfg.max_model_len)
         ftype = first.metadata.get("general.file_type")
         self._quantization = _FILE_TYPES.get(int(ftype), f"type {ftype}") if ftype is not None else None
         if trained and trained < cfg.max_model_len:
@@ -306,11 +307,17 @@ class LlamaCppEngine(CpuEngine):
         budget = max(0, min(sampling.max_tokens, self._context_len - len(prompt)))
         slot = self._take_slot(prompt)
         try:
-            self._run_on(slot, req, prompt, budget, llama_cpp)
+            result = self._run_on(slot, req, prompt, budget, llama_cpp)
         finally:
             self._give_back(slot)
+        # Posted once the slot is free: a follow-up sent on this result finds the slot's cache.
+        if result is not None:
+            req.post(result)
 
-    def _run_on(self, slot: _Slot, req: _Request, prompt: list[int], budget: int, llama_cpp: Any) -> None:
+    def _run_on(
+        self, slot: _Slot, req: _Request, prompt: list[int], budget: int, llama_cpp: Any
+    ) -> GenerationResult | None:
+        """Decode ``req`` on ``slot``; its result, or None when it was stopped or its reader left."""
         assert self._llama_tokenizer is not None and req.started is not None
         tok, llama, request = self._llama_tokenizer, slot.llama, req.request
         sampling = request.sampling
@@ -361,7 +368,7 @@ class LlamaCppEngine(CpuEngine):
                     break
                 delta, stopped = detok.push(int(token))
                 if delta and not req.post(TextDelta(delta)):
-                    return
+                    return None
                 if stopped:
                     finish_reason = "stop"
                     break
@@ -372,34 +379,32 @@ class LlamaCppEngine(CpuEngine):
                         len(output),
                         req.cancel_reason,
                     )
-                    return
+                    return None
                 if len(output) >= budget:
                     break
         finally:
             tokens.close()
         tail = detok.flush()
         if tail and not req.post(TextDelta(tail)):
-            return
+            return None
         if req.cancel.is_set():
-            return
+            return None
         cached = max(0, len(prompt) - evaluated_prompt)
         with self._lock:
             self._prompt_tokens_total += len(prompt)
             self._cached_tokens_total += cached
         n = len(output)
-        req.post(
-            GenerationResult(
-                request_id=request.request_id,
-                text=detok.text,
-                finish_reason=finish_reason,
-                prompt_tokens=len(prompt),
-                cached_tokens=cached,
-                output_tokens=n,
-                queue_ms=(req.started - req.created) * 1e3,
-                ttft_ms=(first - req.created) * 1e3 if first is not None else None,
-                tpot_ms=(last - first) * 1e3 / (n - 1) if first is not None and n > 1 else None,
-                e2e_ms=(last - req.created) * 1e3,
-            )
+        return GenerationResult(
+            request_id=request.request_id,
+            text=detok.text,
+            finish_reason=finish_reason,
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            output_tokens=n,
+            queue_ms=(req.started - req.created) * 1e3,
+            ttft_ms=(first - req.created) * 1e3 if first is not None else None,
+            tpot_ms=(last - first) * 1e3 / (n - 1) if first is not None and n > 1 else None,
+            e2e_ms=(last - req.created) * 1e3,
         )
 
 

@@ -21,7 +21,9 @@ draining shutdown, health) is the CPU engine's: this class only loads slots and 
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -65,6 +67,29 @@ def _import_llama_cpp() -> Any:
             "built wheel for next time)"
         ) from exc
     return llama_cpp
+
+
+def _default_threads() -> int:
+    """llama-cpp-python's default decode threads: half the cores."""
+    return max((os.cpu_count() or 2) // 2, 1)
+
+
+def _copy_sequence(llama_cpp: Any, source: Any, targets: Sequence[Any], tokens: Sequence[int]) -> None:
+    """Copy sequence 0's KV entries (the evaluated ``tokens``) of ``source`` into each of ``targets``,
+    and tell their ``Llama`` which tokens those are, so their prefix matching reuses them.
+
+    ``Llama.save_state``/``load_state`` would also copy (and so make resident) the whole logits
+    buffer of every slot; the per-sequence state API copies only the KV cells.
+    """
+    ctx = source._ctx.ctx
+    size = int(llama_cpp.llama_state_seq_get_size(ctx, 0))
+    buffer = (ctypes.c_uint8 * size)()
+    written = int(llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0))
+    for target in targets:
+        if int(llama_cpp.llama_state_seq_set_data(target._ctx.ctx, buffer, written, 0)) == 0:
+            raise EngineStartupError("llama.cpp could not copy the warmed system prompt into a slot")
+        target.input_ids[: len(tokens)] = tokens
+        target.n_tokens = len(tokens)
 
 
 def _evaluated(perf: Any) -> int:
@@ -210,9 +235,7 @@ class LlamaCppEngine(CpuEngine):
         first.eval(warmup)
         llama_cpp.llama_synchronize(first._ctx.ctx)
         if len(slots) > 1:
-            state = first.save_state()
-            for slot in slots[1:]:
-                slot.llama.load_state(state)
+            _copy_sequence(llama_cpp, first, [s.llama for s in slots[1:]], warmup)
         self._slots = slots
 
     def _open(self, llama_cpp: Any, path: Path, cfg: EngineConfig) -> Any:
@@ -223,7 +246,9 @@ class LlamaCppEngine(CpuEngine):
                 n_ctx=n_ctx,
                 n_batch=min(cfg.llamacpp_n_batch, n_ctx),
                 n_threads=cfg.cpu_threads,
-                n_threads_batch=cfg.cpu_threads,
+                # Prefill with as many threads as decode: llama.cpp's threads spin while they wait
+                # for each other, so more threads than cores (slots x threads) stall every slot.
+                n_threads_batch=cfg.cpu_threads or _default_threads(),
                 seed=cfg.seed,
                 use_mmap=True,
                 verbose=False,

@@ -116,3 +116,25 @@ def test_chat_without_a_model_answers_in_english_from_smollm2_through_llama_cpp(
     words = {w.strip(".,:;!?()").lower() for w in answer.split()}
     assert len(words & {"the", "a", "is", "to", "of", "and", "pod", "in", "that", "it"}) >= 3, answer
     assert "first token" in proc.stdout and "ms/token" in proc.stdout
+
+
+def test_auto_picks_llamacpp_for_a_gguf_and_cpu_for_a_transformers_folder(
+    tmp_path: Path, tiny_model: Path, smollm2_gguf: Path
+) -> None:
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("llama_cpp")
+    from bot.config import Settings
+    from bot.engine_factory import build_engine, pick_backend, resolve_model
+
+    gguf = Settings(data_dir=tmp_path, engine={"model": str(smollm2_gguf)})
+    assert pick_backend(gguf) == "llamacpp"
+    assert build_engine(gguf, str(smollm2_gguf)).stats().backend == "llamacpp"
+    assert pick_backend(Settings(data_dir=tmp_path, engine={"model": str(tiny_model)})) == "cpu"
+    forced = Settings(data_dir=tmp_path, engine={"backend": "cpu", "model": str(smollm2_gguf)})
+    assert build_engine(forced, str(smollm2_gguf)).stats().backend == "cpu"
+    # No model: the default GGUF in data_dir (already there: no download) and llama.cpp for it.
+    default = Settings(data_dir=tmp_path)
+    target = default_gguf_path(tmp_path)
+    target.parent.mkdir(parents=True)
+    os.symlink(smollm2_gguf, target)
+    assert resolve_model(default) == str(target) and pick_backend(default) == "llamacpp"

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import zipfile
@@ -116,6 +117,13 @@ def test_chat_without_a_model_answers_in_english_from_smollm2_through_llama_cpp(
     words = {w.strip(".,:;!?()").lower() for w in answer.split()}
     assert len(words & {"the", "a", "is", "to", "of", "and", "pod", "in", "that", "it"}) >= 3, answer
     assert "first token" in proc.stdout and "ms/token" in proc.stdout
+    # The request row records what llama.cpp served from its prompt cache: the system prompt warmed
+    # at start.
+    with sqlite3.connect(tmp_path / "xdg" / "opsbot" / "opsbot.db") as db:
+        ((prompt_tokens, cached_tokens),) = db.execute(
+            "SELECT prompt_tokens, cached_tokens FROM opsbot_requests"
+        )
+    assert 0 < cached_tokens < prompt_tokens
 
 
 def test_auto_picks_llamacpp_for_a_gguf_and_cpu_for_a_transformers_folder(

@@ -149,16 +149,16 @@ class LlamaCppChatTokenizer(ChatTokenizer):
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._llama.detokenize(list(token_ids), special=False).decode("utf-8", errors="replace"))
 
-    # The CPU engine's incremental detokenizer calls a transformers-style decode.
-    def hf_decode(self, ids: list[int], **_: Any) -> str:
-        return self.decode(ids)
-
 
 class _DetokenizerShim:
     """What ``_IncrementalDetokenizer`` needs of a tokenizer: ``decode(ids, **flags)``."""
 
     def __init__(self, tokenizer: LlamaCppChatTokenizer) -> None:
-        self.decode = tokenizer.hf_decode
+        self._tokenizer = tokenizer
+
+    def decode(self, ids: list[int], **_flags: Any) -> str:
+        # Special tokens are never rendered (llama.cpp's special=False), as skip_special_tokens.
+        return self._tokenizer.decode(ids)
 
 
 @dataclass(eq=False)
@@ -168,6 +168,20 @@ class _Slot:
     index: int
     llama: Any
     busy: bool = False
+    cancel: threading.Event | None = None
+    """The running request's abort flag, read by llama.cpp's abort callback during a decode."""
+    callback: Any = None
+    """The ctypes callback object; held here so it outlives the context that calls it."""
+
+    def watch_aborts(self, llama_cpp: Any) -> None:
+        """Let an abort stop a long prompt evaluation between graph nodes (llama.cpp's abort
+        callback), not only at the next token."""
+
+        def should_abort(_data: Any) -> bool:
+            return self.cancel is not None and self.cancel.is_set()
+
+        self.callback = llama_cpp.ggml_abort_callback(should_abort)
+        llama_cpp.llama_set_abort_callback(self.llama._ctx.ctx, self.callback, None)
 
     def shared_prefix(self, prompt: Sequence[int]) -> int:
         """Tokens at the start of ``prompt`` this slot's cache already holds."""
@@ -236,6 +250,8 @@ class LlamaCppEngine(CpuEngine):
         llama_cpp.llama_synchronize(first._ctx.ctx)
         if len(slots) > 1:
             _copy_sequence(llama_cpp, first, [s.llama for s in slots[1:]], warmup)
+        for slot in slots:
+            slot.watch_aborts(llama_cpp)
         self._slots = slots
 
     def _open(self, llama_cpp: Any, path: Path, cfg: EngineConfig) -> Any:
@@ -331,9 +347,23 @@ class LlamaCppEngine(CpuEngine):
             )
         budget = max(0, min(sampling.max_tokens, self._context_len - len(prompt)))
         slot = self._take_slot(prompt)
+        slot.cancel = req.cancel
         try:
             result = self._run_on(slot, req, prompt, budget, llama_cpp)
+        except RuntimeError as exc:
+            if not req.cancel.is_set():
+                raise
+            # llama_decode returned "aborted": the abort callback stopped the prompt evaluation.
+            # llama-cpp-python counted none of that batch, so the slot's cache stays consistent.
+            logger.info(
+                "llama.cpp engine request %s stopped after 0 tokens, during its prompt (%s): %s",
+                req.request_id,
+                exc,
+                req.cancel_reason,
+            )
+            result = None
         finally:
+            slot.cancel = None
             self._give_back(slot)
         # Posted once the slot is free: a follow-up sent on this result finds the slot's cache.
         if result is not None:

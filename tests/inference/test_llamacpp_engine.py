@@ -134,3 +134,37 @@ async def test_the_cpu_engine_loads_the_same_gguf_renders_the_same_ids_and_start
     # so only the start of a greedy answer must agree.
     assert from_cpu.text.split()[:5] == from_llama.text.split()[:5]
     assert from_cpu.prompt_tokens == from_llama.prompt_tokens == len(ids)
+
+
+async def test_an_abort_stops_a_long_prompt_evaluation_and_the_slot_serves_the_next_request(
+    smollm2_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+    import logging
+
+    from inference.engine import RequestAbortedError, TextDelta
+
+    caplog.set_level(logging.INFO, logger="inference")
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start(QUESTION[:1])
+    try:
+        # ~3000 prompt tokens: seconds of prefill on one thread, which the abort cuts short.
+        long = [QUESTION[0], ChatMessage("user", "pod restarted with exit code 137. " * 300)]
+        request = GenerationRequest(
+            "long-1", "chat", Lane.NORMAL, SamplingSettings(max_tokens=8), messages=long
+        )
+        stream = engine.generate(request)
+        first = asyncio.create_task(anext(stream))
+        while engine.stats().running != 1:
+            await asyncio.sleep(0.01)
+        await engine.abort("long-1")
+        with pytest.raises(RequestAbortedError):
+            event = await first
+            assert not isinstance(event, TextDelta), "the prompt was evaluated before the abort"
+        while "long-1 stopped after 0 tokens, during its prompt" not in caplog.text:
+            await asyncio.sleep(0.01)
+        # The same (only) slot answers the next request in full.
+        after = await answer(engine, greedy("after-1", 6))
+        assert after.output_tokens == 6 and after.text
+    finally:
+        await engine.shutdown()

@@ -142,7 +142,8 @@ async def run_engine(
             )
             say(
                 name,
-                f"single {kind} {i + 1}/{repeats}: TTFT {result.ttft_ms:.0f} ms, TPOT {result.tpot_ms:.1f} ms, "
+                f"single {kind} {i + 1}/{repeats}: TTFT {result.ttft_ms:.0f} ms, "
+                f"TPOT {result.tpot_ms:.1f} ms, "
                 f"{result.cached_tokens}/{result.prompt_tokens} prompt tokens cached",
             )
     concurrency: dict[str, dict[str, Any]] = {}
@@ -262,7 +263,8 @@ def estimate_7b(model_bytes: int, tpot_ms: float, cores_here: int) -> dict[str, 
             "s_per_token": SEVEN_B_Q4_BYTES / (bandwidth * 1e9),
             "tokens_per_s": bandwidth * 1e9 / SEVEN_B_Q4_BYTES,
         }
-    return {"bytes_per_token_measured": model_bytes, "effective_bandwidth_gbs": measured_gbs, "per_core_gbs": per_core,
+    return {"bytes_per_token_measured": model_bytes, "effective_bandwidth_gbs": measured_gbs,
+            "per_core_gbs": per_core,
             "seven_b_q4_bytes": SEVEN_B_Q4_BYTES, "by_cores": rows}  # fmt: skip
 
 
@@ -278,7 +280,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Load: {report['load_note']}",
         "",
-        f"Each answer {report['output_tokens']} tokens (greedy, ignore_eos); prompt = opsbot's default system prompt + "
+        f"Each answer {report['output_tokens']} tokens (greedy, ignore_eos); prompt = opsbot's default "
+        "system prompt + "
         f"an incident question; single-request figures are medians of {report['repeats']}.",
         "",
         "| engine | startup s | TTFT cold ms | TTFT warm ms | prompt tokens cached (warm) | TPOT ms "
@@ -289,8 +292,9 @@ def markdown(report: dict[str, Any]) -> str:
         s = run["summary"]
         tps = s["tokens_per_s"]
         lines.append(
-            f"| {run['engine']} | {run['startup_s']:.1f} | {s['ttft_cold_ms']:.0f} | {s['ttft_warm_ms']:.0f} | "
-            f"{s['cached_warm']:.0f} / {s['prompt_tokens']:.0f} | {s['tpot_ms']:.1f} | {tps['1']:.1f} | {tps['2']:.1f} | "
+            f"| {run['engine']} | {run['startup_s']:.1f} | {s['ttft_cold_ms']:.0f} | "
+            f"{s['ttft_warm_ms']:.0f} | {s['cached_warm']:.0f} / {s['prompt_tokens']:.0f} | "
+            f"{s['tpot_ms']:.1f} | {tps['1']:.1f} | {tps['2']:.1f} | "
             f"{tps['4']:.1f} | {run['rss_after_start_mib']:.0f} | {run['rss_peak_mib']:.0f} |"
         )
     ratios = report.get("ratios")
@@ -306,19 +310,22 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## Estimate, on paper: a 7B Q4 GGUF (Q4_K_M, ~4.1 GB) on llama.cpp",
             "",
-            f"Decoding reads every weight once per token, so bytes per token = the weights' size. Measured here: "
-            f"{est['bytes_per_token_measured'] / 1e6:.0f} MB per token in {report['runs'][0]['summary']['tpot_ms']:.1f} ms "
-            f"= {est['effective_bandwidth_gbs']:.2f} GB/s effective ({est['per_core_gbs']:.2f} GB/s per core). Scaled by "
+            "Decoding reads every weight once per token, so bytes per token = the weights' size. "
+            f"Measured here: {est['bytes_per_token_measured'] / 1e6:.0f} MB per token in "
+            f"{report['runs'][0]['summary']['tpot_ms']:.1f} ms = {est['effective_bandwidth_gbs']:.2f} GB/s "
+            f"effective ({est['per_core_gbs']:.2f} GB/s per core). Scaled by "
             "cores, capped at an assumed memory bus (8 cores: 60 GB/s dual-channel DDR5; 32 cores: 200 GB/s "
-            "8-channel server). A 135M model's per-token overhead (sampling, Python, graph setup) is a larger "
-            "share than a 7B's and the model partly fits in cache, so this is a rough estimate, not a measurement.",
+            "8-channel server). A 135M model's per-token overhead (sampling, Python, graph setup) is a "
+            "larger share than a 7B's and the model partly fits in cache, so this is a rough estimate, "
+            "not a measurement.",
             "",
             "| cores | bandwidth GB/s | limited by | s per token | tokens/s |",
             "|---|---|---|---|---|",
         ]
         for cores, row in est["by_cores"].items():
             lines.append(
-                f"| {cores} | {row['bandwidth_gbs']:.1f} | {row['bandwidth_limited_by']} | {row['s_per_token']:.2f} | "
+                f"| {cores} | {row['bandwidth_gbs']:.1f} | {row['bandwidth_limited_by']} | "
+                f"{row['s_per_token']:.2f} | "
                 f"{row['tokens_per_s']:.1f} |"
             )
         lines += [

@@ -216,15 +216,26 @@ class LlamaCppEngine(CpuEngine):
 
     def _load(self, warmup_messages: Sequence[ChatMessage]) -> None:
         llama_cpp = _import_llama_cpp()
-        cfg = self.config
-        path = find_gguf(self.model, cfg.gguf_file)
+        path = find_gguf(self.model, self.config.gguf_file)
         self.gguf_path = path
         slots: list[_Slot] = []
+        try:
+            self._load_slots(llama_cpp, path, slots, warmup_messages)
+        except BaseException:
+            for slot in slots:  # free the contexts now, not whenever the collector runs
+                slot.llama.close()
+            self._model = None
+            raise
+
+    def _load_slots(
+        self, llama_cpp: Any, path: Path, slots: list[_Slot], warmup_messages: Sequence[ChatMessage]
+    ) -> None:
+        cfg = self.config
         for index in range(cfg.cpu_max_concurrency):
             logger.info("llama.cpp engine loading slot %d/%d of %s", index + 1, cfg.cpu_max_concurrency, path)
             slots.append(_Slot(index, self._open(llama_cpp, path, cfg)))
             if self._state != "loading":  # shutdown() came while loading: stop early
-                return
+                raise EngineStartupError("the llama.cpp engine was shut down while it was starting")
         first = slots[0].llama
         self._llama_tokenizer = LlamaCppChatTokenizer(first, str(path))
         self._model = first

@@ -164,7 +164,7 @@ async def run_engine(
         say(name, f"{n} concurrent: {tokens / wall:.1f} tokens/s in total, {wall:.1f} s")
     info: dict[str, Any] = {"threads": engine.config.cpu_threads or "default", "workers": 4}
     if name == "llamacpp":
-        info["threads_per_slot"] = engine._model.n_threads  # type: ignore[attr-defined]
+        info["threads_per_request"] = engine.config.cpu_threads or "cores / running requests"
         info["quantization"] = engine.stats().quantization
     else:
         import torch

@@ -94,7 +94,7 @@ class EngineConfig(ConfigSection):
     """vLLM stats logging: exports vLLM's own ``vllm:*`` metrics and per-request timings."""
     cpu_threads: int | None = Field(None, ge=1)
     """Threads of the CPU engines: torch's for ``cpu`` (``None``: torch's default), llama.cpp's per
-    slot for ``llamacpp`` (``None``: half the cores, llama-cpp-python's default)."""
+    request for ``llamacpp`` (``None``: the cores divided among the requests running at its start)."""
     cpu_max_concurrency: int = Field(4, ge=1)
     """Requests the CPU engines decode at once (``llamacpp``: parallel slots, one llama.cpp context
     each, every one keeping its own prompt cache; the weights are mapped once and shared)."""

@@ -69,9 +69,11 @@ def _import_llama_cpp() -> Any:
     return llama_cpp
 
 
-def _default_threads() -> int:
-    """llama-cpp-python's default decode threads: half the cores."""
-    return max((os.cpu_count() or 2) // 2, 1)
+def _threads_for(busy_slots: int) -> int:
+    """Threads for one request when ``engine.cpu_threads`` is unset: the cores shared among the
+    requests running now. llama.cpp's threads spin while they wait for each other, so more threads
+    than cores (slots x threads) stall every slot; fewer leave cores idle when one request runs."""
+    return max((os.cpu_count() or 1) // max(busy_slots, 1), 1)
 
 
 def _copy_sequence(llama_cpp: Any, source: Any, targets: Sequence[Any], tokens: Sequence[int]) -> None:
@@ -272,10 +274,9 @@ class LlamaCppEngine(CpuEngine):
                 model_path=str(path),
                 n_ctx=n_ctx,
                 n_batch=min(cfg.llamacpp_n_batch, n_ctx),
-                n_threads=cfg.cpu_threads,
-                # Prefill with as many threads as decode: llama.cpp's threads spin while they wait
-                # for each other, so more threads than cores (slots x threads) stall every slot.
-                n_threads_batch=cfg.cpu_threads or _default_threads(),
+                # Unset: set per request in _take_slot (the cores shared by the running requests).
+                n_threads=cfg.cpu_threads or 1,
+                n_threads_batch=cfg.cpu_threads or 1,
                 seed=cfg.seed,
                 use_mmap=True,
                 verbose=False,
@@ -294,7 +295,7 @@ class LlamaCppEngine(CpuEngine):
     def _describe(self) -> str:
         return (
             f"model={self.gguf_path} quantization={self._quantization or '?'} slots={len(self._slots)} "
-            f"threads/slot={self._model.n_threads if self._model is not None else '?'} "
+            f"threads/request={self.config.cpu_threads or 'cores / running requests'} "
             f"context={self._context_len}"
         )
 
@@ -332,7 +333,10 @@ class LlamaCppEngine(CpuEngine):
                 raise EngineGenerateError("no free llama.cpp slot (more workers than slots)")
             slot = max(free, key=lambda s: s.shared_prefix(prompt))
             slot.busy = True
-            return slot
+            busy = sum(s.busy for s in self._slots)
+        threads = self.config.cpu_threads or _threads_for(busy)
+        slot.llama._ctx.set_n_threads(threads, threads)
+        return slot
 
     def _give_back(self, slot: _Slot) -> None:
         with self._slot_lock:

@@ -66,7 +66,7 @@ class OpsBot:
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
         model = resolve_model(s, progress=self.progress)
-        self.progress(f"loading the {pick_backend(s)} engine with model {model} ...")
+        self.progress(f"loading the {pick_backend(s, model)} engine with model {model} ...")
         t0 = time.perf_counter()
         self.engine = build_engine(s, model, on_fatal=self._engine_fatal)
         system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)

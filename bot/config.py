@@ -684,7 +684,8 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Field(default_factory=default_data_dir)
-    """Folder for the default SQLite database and the generated test model."""
+    """Folder for the default SQLite database, the default model (SmolLM2 GGUF, `models/`) and the
+    generated test model."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Logging level."""
     log_json: bool = False

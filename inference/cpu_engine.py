@@ -46,6 +46,7 @@ from inference.engine import (
     SamplingSettings,
     TextDelta,
 )
+from inference.gguf import find_gguf, is_gguf_ref
 from inference.tokenization import HFChatTokenizer
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class CpuEngine(Engine):
     """:class:`~inference.engine.Engine` on transformers + torch (CPU), one worker thread per request."""
 
     backend = "cpu"
+    _label = "CPU engine"
+    """How log lines and health reasons name this engine (subclasses share the request machinery)."""
 
     def __init__(self, config: EngineConfig) -> None:
         """``config`` is the one engine configuration; this engine reads ``model``, ``tokenizer``,
@@ -140,7 +143,7 @@ class CpuEngine(Engine):
         renders them and warm the kernels with one forward pass over them.
         """
         if self._state != "new":
-            raise EngineStartupError(f"the CPU engine cannot start twice (it is {self._state})")
+            raise EngineStartupError(f"the {self._label} cannot start twice (it is {self._state})")
         self._state = "loading"
         started = time.perf_counter()
         try:
@@ -153,17 +156,18 @@ class CpuEngine(Engine):
             raise EngineStartupError(f"loading {self.model!r} failed: {type(exc).__name__}: {exc}") from exc
         if self._state != "loading":  # shutdown() was called while the model loaded
             self._model = None
-            raise EngineStartupError("the CPU engine was shut down while it was starting")
-        self._executor = ThreadPoolExecutor(self.config.cpu_max_concurrency, thread_name_prefix="opsbot-cpu")
+            raise EngineStartupError(f"the {self._label} was shut down while it was starting")
+        self._executor = ThreadPoolExecutor(
+            self.config.cpu_max_concurrency, thread_name_prefix=f"opsbot-{self.backend}"
+        )
         self._state = "ready"
-        logger.info(
-            "CPU engine ready: model=%s dtype=%s threads=%s workers=%d context=%d in %.1f s",
-            self.model,
-            self._model.dtype,
-            self.config.cpu_threads or "default",
-            self.config.cpu_max_concurrency,
-            self._context_len,
-            time.perf_counter() - started,
+        logger.info("%s ready: %s in %.1f s", self._label, self._describe(), time.perf_counter() - started)
+
+    def _describe(self) -> str:
+        """The loaded model and settings, for the ready log line."""
+        return (
+            f"model={self.model} dtype={self._model.dtype} threads={self.config.cpu_threads or 'default'} "
+            f"workers={self.config.cpu_max_concurrency} context={self._context_len}"
         )
 
     def _load(self, warmup_messages: Sequence[ChatMessage]) -> None:
@@ -172,15 +176,24 @@ class CpuEngine(Engine):
         cfg = self.config
         if cfg.cpu_threads is not None:
             torch.set_num_threads(cfg.cpu_threads)
-        model_dir = _local_dir(self.model, "engine.model")
+        # A GGUF model (file, or folder holding one) loads through transformers' gguf_file= path:
+        # weights are dequantized to ``dtype``, config and tokenizer come from the file's metadata.
+        gguf = find_gguf(self.model, cfg.gguf_file) if is_gguf_ref(self.model, cfg.gguf_file) else None
+        gguf_file = gguf.name if gguf is not None else None
+        model_dir = gguf.parent if gguf is not None else _local_dir(self.model, "engine.model")
         tok_dir = _local_dir(cfg.tokenizer, "engine.tokenizer") if cfg.tokenizer else model_dir
-        if model_dir is not None and not (model_dir / "config.json").is_file():
+        tok_gguf = None if cfg.tokenizer else gguf_file
+        if gguf is None and model_dir is not None and not (model_dir / "config.json").is_file():
             raise EngineStartupError(
                 f"{model_dir} has no config.json, so it is not a transformers model folder. Fix: point "
                 "engine.model at the folder that holds config.json and the weights, or build the "
                 "offline test model with `opsbot make-test-model DIR --size tiny`"
             )
-        if tok_dir is not None and not any((tok_dir / name).is_file() for name in _TOKENIZER_FILES):
+        if (
+            tok_gguf is None
+            and tok_dir is not None
+            and not any((tok_dir / name).is_file() for name in _TOKENIZER_FILES)
+        ):
             raise EngineStartupError(
                 f"{tok_dir} holds no tokenizer ({' / '.join(_TOKENIZER_FILES)}). Fix: copy the model's "
                 "tokenizer files there, or set engine.tokenizer to the folder or id that has them"
@@ -188,16 +201,18 @@ class CpuEngine(Engine):
         model_ref = str(model_dir) if model_dir is not None else self.model
         tok_ref = str(tok_dir) if tok_dir is not None else (cfg.tokenizer or self.model)
         logger.info("CPU engine loading config and tokenizer of %s", model_ref)
-        hf_config = _load_config(model_ref, cfg)
+        hf_config = _load_config(model_ref, cfg, gguf_file)
         try:
-            self._tokenizer = HFChatTokenizer(tok_ref, trust_remote_code=cfg.trust_remote_code)
+            self._tokenizer = HFChatTokenizer(
+                tok_ref, trust_remote_code=cfg.trust_remote_code, gguf_file=tok_gguf
+            )
         except ValueError as exc:
             raise EngineStartupError(
                 f"cannot load the tokenizer of {tok_ref!r}: {_sentence(exc)}. Fix: the folder needs a "
                 "tokenizer.json (fast tokenizer), or install the package the error names"
             ) from exc
         logger.info("CPU engine loading weights of %s (dtype %s)", model_ref, cfg.dtype)
-        self._model = _load_model(model_ref, hf_config, cfg)
+        self._model = _load_model(model_ref, hf_config, cfg, gguf_file)
         vocab = int(getattr(self._model.config, "vocab_size", 0) or 0)
         if vocab and len(self._tokenizer.hf) > vocab:
             raise EngineStartupError(
@@ -254,12 +269,12 @@ class CpuEngine(Engine):
             if in_flight:
                 self._idle_waiter = (loop, idle)
         if in_flight:
-            logger.info("CPU engine draining %d request(s), up to %.1f s", in_flight, drain_timeout_s)
+            logger.info("%s draining %d request(s), up to %.1f s", self._label, in_flight, drain_timeout_s)
             try:
                 await asyncio.wait_for(idle, timeout=max(drain_timeout_s, 0.0))
             except TimeoutError:
                 logger.warning(
-                    "CPU engine aborting %d request(s) still running at shutdown", len(self._requests)
+                    "%s aborting %d request(s) still running at shutdown", self._label, len(self._requests)
                 )
             finally:
                 self._idle_waiter = None
@@ -269,18 +284,22 @@ class CpuEngine(Engine):
             # Aborted loops stop at their next token; wait for the threads so the model can go.
             await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
             self._executor = None
-        self._model = None
+        self._release()
         self._state = "stopped"
-        logger.info("CPU engine stopped (was %s)", was)
+        logger.info("%s stopped (was %s)", self._label, was)
+
+    def _release(self) -> None:
+        """Drop the model once no worker runs any more."""
+        self._model = None
 
     def health(self) -> EngineHealth:
         """Ready only between a successful ``start`` and ``shutdown``."""
         reasons = {
-            "new": "the CPU engine is not started",
+            "new": f"the {self._label} is not started",
             "loading": f"loading model {self.model}",
-            "failed": f"the CPU engine failed to start: {self._failure}",
-            "stopping": "the CPU engine is shutting down",
-            "stopped": "the CPU engine is shut down",
+            "failed": f"the {self._label} failed to start: {self._failure}",
+            "stopping": f"the {self._label} is shutting down",
+            "stopped": f"the {self._label} is shut down",
         }
         if self._state == "ready":
             return EngineHealth(ready=True)
@@ -315,7 +334,7 @@ class CpuEngine(Engine):
     def tokenizer(self) -> HFChatTokenizer:
         """The model's tokenizer (available once ``start`` has returned)."""
         if self._tokenizer is None:
-            raise EngineDeadError("the CPU engine has no tokenizer yet: call start() first")
+            raise EngineDeadError(f"the {self._label} has no tokenizer yet: call start() first")
         return self._tokenizer
 
     # --- requests --------------------------------------------------------------------------------
@@ -392,16 +411,16 @@ class CpuEngine(Engine):
         try:
             if req.cancel.is_set():
                 logger.info(
-                    "CPU engine request %s dropped before it ran: %s", req.request_id, req.cancel_reason
+                    "%s request %s dropped before it ran: %s", self._label, req.request_id, req.cancel_reason
                 )
                 return
             req.started = time.perf_counter()
             self._decode(req)
         except EngineGenerateError as exc:
-            logger.warning("CPU engine request %s refused: %s", req.request_id, exc)
+            logger.warning("%s request %s refused: %s", self._label, req.request_id, exc)
             req.post(_Failure(exc))
         except Exception as exc:
-            logger.exception("CPU engine request %s failed", req.request_id)
+            logger.exception("%s request %s failed", self._label, req.request_id)
             req.post(_Failure(EngineGenerateError(f"generation failed: {type(exc).__name__}: {exc}")))
         finally:
             self._forget(req)
@@ -669,12 +688,30 @@ def _local_dir(ref: str, key: str) -> Path | None:
     return None
 
 
-def _load_config(model_ref: str, cfg: EngineConfig) -> Any:
+def _gguf_kwargs(gguf_file: str | None) -> dict[str, str]:
+    """``gguf_file=`` for transformers' loaders when the model is a GGUF file (it needs ``gguf``)."""
+    if gguf_file is None:
+        return {}
+    import importlib.util
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise EngineStartupError(
+            f"loading the GGUF file {gguf_file} with transformers needs the package(s) "
+            f"{', '.join(missing)}. Fix: pip install 'opsbot[cpu]', or use engine.backend = \"llamacpp\""
+        )
+    return {"gguf_file": gguf_file}
+
+
+def _load_config(model_ref: str, cfg: EngineConfig, gguf_file: str | None = None) -> Any:
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(
-            model_ref, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+            model_ref,
+            revision=cfg.revision,
+            trust_remote_code=cfg.trust_remote_code,
+            **_gguf_kwargs(gguf_file),
         )
     except OSError as exc:
         raise EngineStartupError(
@@ -689,7 +726,7 @@ def _load_config(model_ref: str, cfg: EngineConfig) -> Any:
         ) from exc
 
 
-def _load_model(model_ref: str, hf_config: Any, cfg: EngineConfig) -> Any:
+def _load_model(model_ref: str, hf_config: Any, cfg: EngineConfig, gguf_file: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -702,6 +739,7 @@ def _load_model(model_ref: str, hf_config: Any, cfg: EngineConfig) -> Any:
             revision=cfg.revision,
             trust_remote_code=cfg.trust_remote_code,
             dtype=dtype,
+            **_gguf_kwargs(gguf_file),
         )
     except ValueError as exc:
         if "Unrecognized configuration class" not in str(exc):

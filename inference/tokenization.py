@@ -16,11 +16,15 @@ from inference.engine import ChatMessage, ChatTokenizer, EngineStartupError
 class HFChatTokenizer(ChatTokenizer):
     """A ``transformers`` tokenizer with a chat template, loaded from a folder or hub id."""
 
-    def __init__(self, model: str, *, trust_remote_code: bool = False) -> None:
+    def __init__(self, model: str, *, trust_remote_code: bool = False, gguf_file: str | None = None) -> None:
+        """``gguf_file``: the tokenizer is the one stored in that GGUF file inside the folder ``model``."""
         from transformers import AutoTokenizer  # heavy import, kept off the module path
 
+        extra = {"gguf_file": gguf_file} if gguf_file else {}
         try:
-            self._tok: Any = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+            self._tok: Any = AutoTokenizer.from_pretrained(
+                model, trust_remote_code=trust_remote_code, **extra
+            )
         except OSError as exc:
             where = "folder" if Path(model).exists() else "Hugging Face id or folder"
             raise EngineStartupError(

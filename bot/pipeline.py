@@ -277,9 +277,9 @@ class Pipeline:
         lines = [f"*opsbot status* — {len(self.engines.names)} engines: {state}, up {uptime}"]
         for name, engine in self.engines.items():
             own, ok = engine.stats(), engine.health()
-            answers = ", ".join(self.engines.scenarios_of(name)) or "-"
+            answers = ", ".join(self.engines.scenarios_of(name))
             if name == self.engines.default:
-                answers += " and every other scenario" if answers != "-" else "every scenario not routed"
+                answers = f"{answers} and every other scenario" if answers else "every scenario not routed"
             ttft = [r.ttft_ms for r in recent if r.engine == name]
             ready = "ready" if ok.ready else f"NOT READY ({ok.reason or 'starting'})"
             lines.append(

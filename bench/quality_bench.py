@@ -391,11 +391,20 @@ def score_config(args: argparse.Namespace) -> int:
                 "answers": answers,
                 "tops": tops,
                 "chosen": chosen,
-                "quantization": str(getattr(llm.llm_engine.vllm_config, "quant_config", None) or None),
+                "quantization": _quant_method(llm),
             }
         )
     )
     return 0
+
+
+def _quant_method(llm: Any) -> str | None:
+    """The quantization vLLM actually applied (``None``: none), as far as this vLLM shows it."""
+    try:
+        method = llm.llm_engine.vllm_config.model_config.quantization
+    except AttributeError:
+        return None
+    return None if method is None else str(method)
 
 
 HF_CONFIGS = {"hf-bf16": "bfloat16", "hf-fp32": "float32"}
@@ -535,7 +544,14 @@ def run(args: argparse.Namespace) -> int:
             ref, ref_answers = scored, result["answers"]
             # The reference's own scores of its answers: the self-comparison is 0 KL by construction.
         entry = compare(ref, scored, ref_answers, args.ref_top)
-        entry.update({"load_s": result["load_s"], "wall_s": wall, "llm_kwargs": result["llm_kwargs"]})
+        entry.update(
+            {
+                "load_s": result["load_s"],
+                "wall_s": wall,
+                "llm_kwargs": result["llm_kwargs"],
+                "quantization_applied": result.get("quantization"),
+            }
+        )
         report["configs"][label] = entry
         logger.info("%s: %s", label, {key: v for key, v in entry.items() if key != "llm_kwargs"})
         save(report, out)
@@ -577,11 +593,12 @@ def table(report: dict[str, Any]) -> str:
         f"Run {report['meta'].get('date', '?')} on {report['meta'].get('gpu', '?')}, vLLM "
         f"{report['meta'].get('vllm', '?')}; `{report['meta'].get('command', '')}`",
         "",
+        *([str(report["note"]), ""] if report.get("note") else []),
         f"KL is in nats over the partition {{the reference's top {report['ref_top']} tokens, the rest}} "
         "(a lower bound of the full KL).",
         "",
-        "| config | top-1 agreement | KL mean | KL p99 | NLL of bf16 tokens | perplexity | greedy identical "
-        "| common prefix (tokens) | missing | load s |",
+        "| config | top-1 agreement | KL mean | KL p99 | NLL of reference tokens | perplexity "
+        "| greedy identical | common prefix (tokens) | missing | load s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in report["configs"].items():
@@ -613,7 +630,8 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
             check=False,
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        info["gpu"] = "none"
+        info["gpu"] = ""
+    info["gpu"] = info["gpu"] or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
     for mod in ("vllm", "torch", "transformers"):
         try:
             info[mod] = __import__(mod).__version__

@@ -71,6 +71,8 @@ from inference.engine import (  # noqa: E402
     SamplingSettings,
     TextDelta,
 )
+from inference.engine_set import EngineSet  # noqa: E402
+from inference.scenarios import ALERT_SUMMARY, ROOT_CAUSE  # noqa: E402
 from inference.vllm_engine import (  # noqa: E402
     VllmEngine,
     engine_args_kwargs,
@@ -190,13 +192,15 @@ class Client:
 class OpsbotClient(Client):
     name = "opsbot"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, scenarios: dict[Lane, str] | None = None) -> None:
         self.engine = engine
+        self.scenarios = scenarios or {}
+        """The scenario each lane's requests carry (an ``EngineSet`` routes by it); else ``bench``."""
 
     async def one(self, ids: list[int], max_tokens: int, lane: Lane) -> dict[str, Any]:
         req = GenerationRequest(
             request_id=uuid.uuid4().hex,
-            scenario="bench",
+            scenario=self.scenarios.get(lane, "bench"),
             lane=lane,
             sampling=SamplingSettings(
                 temperature=0.0, top_p=1.0, max_tokens=max_tokens, repetition_penalty=1.0, ignore_eos=True
@@ -450,14 +454,20 @@ class OpsbotEngine:
         return OpsbotClient(AdmittedEngine(self.engine, admission or AdmissionConfig()))
 
     def facts(self) -> dict[str, Any]:
-        stats = self.engine.stats()
-        return {
-            "startup_s": round(self.engine.startup_s or 0.0, 1),
-            "quantization": self.engine.quantization.describe() if self.engine.quantization else None,
-            "kv_capacity_tokens": kv_capacity_tokens(self.engine._llm, self.cfg.block_size),
-            "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
-            "preemptions": stats.preemptions,
-        }
+        return vllm_facts(self.engine, self.cfg)
+
+
+def vllm_facts(engine: VllmEngine, cfg: EngineConfig) -> dict[str, Any]:
+    """Startup time, quantization, KV capacity, prefix-cache hit rate and preemptions of ``engine``."""
+    stats = engine.stats()
+    return {
+        "startup_s": round(engine.startup_s or 0.0, 1),
+        "quantization": engine.quantization.describe() if engine.quantization else None,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "kv_capacity_tokens": kv_capacity_tokens(engine._llm, cfg.block_size),
+        "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
+        "preemptions": stats.preemptions,
+    }
 
 
 class RawEngine:
@@ -555,46 +565,90 @@ async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespa
 
 async def bench_split(args: argparse.Namespace, models: dict[str, Path], wl: Workload) -> dict[str, Any]:
     """One engine per scenario (the source's advice) against one engine with lanes, same GPU, same
-    workload: long root-cause answers stream while short alert summaries arrive.
+    workload: long root-cause answers stream while short alert summaries arrive. Both setups run
+    through ``inference.engine_set.EngineSet``, the bot's own engine set: each engine behind its own
+    admission controller, requests routed by their scenario (urgent = ``alert_summary``, the rest
+    ``root_cause``), engines started one after another.
 
-    ``two_engines``: an alert-summary engine (``--split-summary``, e.g. awq) at
-    ``--split-summary-mem`` of the GPU and a root-cause engine (``--split-rca``, e.g. bf16) at
-    ``--split-rca-mem``, both in this process; urgent requests go only to the first, the rest only
-    to the second. ``one_engine``: ``--split-rca`` alone at the sum of both shares, opsbot's lanes
-    carrying both.
+    ``two_engines``: a root-cause engine (``--split-rca``, e.g. bf16) at ``--split-rca-mem`` of the
+    GPU as the set's default, and an alert-summary engine (``--split-summary``, e.g. awq) at
+    ``--split-summary-mem`` that ``alert_summary`` is routed to. ``one_engine``: ``--split-rca``
+    alone at the sum of both shares, opsbot's lanes carrying both scenarios.
     """
     out: dict[str, Any] = {}
     total = args.split_summary_mem + args.split_rca_mem
     one_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
         update={"gpu_memory_utilization": total}
     )
-    async with OpsbotEngine(one_cfg, wl) as eng:
-        client = eng.client()
+    one = VllmEngine(one_cfg)
+    engines = EngineSet.single(AdmittedEngine(one, AdmissionConfig()))
+    await engines.start([ChatMessage("system", wl.system)])
+    try:
+        client = OpsbotClient(engines, scenarios=SPLIT_SCENARIOS)
         out["one_engine"] = [await urgent_under_load(client, wl, k) for k in range(args.episodes)]
-        out["one_engine_facts"] = eng.facts()
+        out["one_engine_facts"] = {"default": vllm_facts(one, one_cfg)}
+    finally:
+        await engines.shutdown(drain_timeout_s=5)
     summary_cfg = engine_config(args, args.split_summary, models, warmup="incident").model_copy(
         update={"gpu_memory_utilization": args.split_summary_mem}
     )
     rca_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
         update={"gpu_memory_utilization": args.split_rca_mem}
     )
-    async with OpsbotEngine(rca_cfg, wl) as rca, OpsbotEngine(summary_cfg, wl) as summary:
-        split = SplitClient(summary.client(), rca.client())
-        out["two_engines"] = [await urgent_under_load(split, wl, k) for k in range(args.episodes)]
-        out["two_engines_facts"] = {"summary": summary.facts(), "rca": rca.facts()}
+    rca, summary = VllmEngine(rca_cfg), VllmEngine(summary_cfg)
+    engines = EngineSet(
+        {
+            "default": AdmittedEngine(rca, AdmissionConfig()),
+            "summary": AdmittedEngine(summary, AdmissionConfig()),
+        },
+        {ALERT_SUMMARY: "summary"},
+    )
+    await engines.start([ChatMessage("system", wl.system)])
+    try:
+        client = OpsbotClient(engines, scenarios=SPLIT_SCENARIOS)
+        out["two_engines"] = [await urgent_under_load(client, wl, k) for k in range(args.episodes)]
+        out["two_engines_facts"] = {
+            "default": vllm_facts(rca, rca_cfg),
+            "summary": vllm_facts(summary, summary_cfg),
+        }
+    finally:
+        await engines.shutdown(drain_timeout_s=5)
+    out["setups"] = {
+        "one_engine": {"default": f"{args.split_rca} at {total:g} of the GPU, every scenario"},
+        "two_engines": {
+            "default": f"{args.split_rca} at {args.split_rca_mem:g} of the GPU, {ROOT_CAUSE}",
+            "summary": f"{args.split_summary} at {args.split_summary_mem:g} of the GPU, {ALERT_SUMMARY}",
+        },
+    }
+    out["compare"] = split_compare(out)
     return out
 
 
-class SplitClient(Client):
-    """Urgent (alert-summary) requests to one engine, everything else to the other."""
+SPLIT_SCENARIOS = {Lane.URGENT: ALERT_SUMMARY, Lane.NORMAL: ROOT_CAUSE, Lane.BACKGROUND: ROOT_CAUSE}
+"""The split workload's scenario per lane: urgent questions are alert summaries, the long
+background answers root-cause analyses."""
 
-    name = "split"
 
-    def __init__(self, urgent: Client, other: Client) -> None:
-        self.urgent, self.other = urgent, other
-
-    async def one(self, ids: list[int], max_tokens: int, lane: Lane) -> dict[str, Any]:
-        return await (self.urgent if lane is Lane.URGENT else self.other).one(ids, max_tokens, lane)
+def split_compare(split: dict[str, Any]) -> dict[str, Any]:
+    """Two engines against one, first episode with first and steady (median of the 2nd and later)
+    with steady: urgent TTFT P99 and total tokens/s, as two / one ratios."""
+    verdict: dict[str, Any] = {}
+    one, two = split.get("one_engine") or [], split.get("two_engines") or []
+    if not one or not two:
+        return verdict
+    phases = ["first", *(["steady"] if len(one) > 1 and len(two) > 1 else [])]
+    for key in ("urgent_ttft_p99", "total_tok_s"):
+        for phase in phases:
+            xs, ys = [float(e[key]) for e in one], [float(e[key]) for e in two]
+            a, b = (
+                (xs[0], ys[0]) if phase == "first" else (statistics.median(xs[1:]), statistics.median(ys[1:]))
+            )
+            verdict[f"{key}_{phase}"] = {
+                "one_engine": a,
+                "two_engines": b,
+                "two_over_one": round(b / a, 3) if a else None,
+            }
+    return verdict
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -703,6 +757,14 @@ def table(report: dict[str, Any]) -> str:
                     f"| {setup.replace('_', ' ')} | {k} | {e['urgent_ttft_p50']} / {e['urgent_ttft_p99']} | "
                     f"{e['background_ttft_p99']} | {e['total_tok_s']} |"
                 )
+        lines += [
+            "",
+            "Two engines / one engine (first episode with first, steady with steady):",
+            "",
+            "```json",
+        ]
+        lines.append(json.dumps(split.get("compare", {}), indent=2))
+        lines.append("```")
     lines += ["", "Comparisons (first episode with first, steady with steady):", "", "```json"]
     lines.append(json.dumps(report.get("compare", {}), indent=2))
     lines.append("```")

@@ -23,14 +23,15 @@ from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
-from bot.engine_factory import build_engine, pick_backend, resolve_model
+from bot.engine_factory import build_engine_set
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.slo import SloGuard
 from bot.store import Store
 from bot.types import IncomingMessage
-from inference.engine import ChatMessage, Engine
+from inference.engine import ChatMessage
+from inference.engine_set import EngineSet
 from inference.scenarios import ScenarioRegistry
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class OpsBot:
         self.settings = settings
         self.progress = progress or (lambda line: logger.info("%s", line))
         self.store: Store | None = None
-        self.engine: Engine | None = None
+        self.engine: EngineSet | None = None
         self.pipeline: Pipeline | None = None
         self.context: ContextGatherer | None = None
         self.slo: SloGuard | None = None
@@ -65,33 +66,41 @@ class OpsBot:
         s = self.settings
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
-        model = resolve_model(s, progress=self.progress)
-        self.progress(f"loading the {pick_backend(s, model)} engine with model {model} ...")
+        engines, models = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)
+        self.engine = engines
+        names = engines.names
         t0 = time.perf_counter()
-        self.engine = build_engine(s, model, on_fatal=self._engine_fatal)
         system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)
-        await self.engine.start(warmup_messages=[ChatMessage("system", system_prompt)])
-        prompts = PromptBuilder(
-            self.engine.tokenizer,
-            system_prompt=system_prompt,
-            max_model_len=s.engine.max_model_len,
-            context_share=s.prompt.context_share,
-            history_share=s.prompt.history_share,
-        )
-        self.progress(f"engine ready in {time.perf_counter() - t0:.1f} s")
+        await engines.start(warmup_messages=[ChatMessage("system", system_prompt)])
+        configs = s.engine_configs()
+        # One prompt builder per engine: each has its own tokenizer and context window.
+        builders = {
+            name: PromptBuilder(
+                engine.tokenizer,
+                system_prompt=system_prompt,
+                max_model_len=configs[name].max_model_len,
+                context_share=s.prompt.context_share,
+                history_share=s.prompt.history_share,
+            )
+            for name, engine in engines.items()
+        }
+        self.progress(f"engine{'s' if len(names) > 1 else ''} ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
-        self.slo = SloGuard.for_engine(s.slo, self.engine)
+        # The SLO guard tunes one admission controller: the default engine's.
+        self.slo = SloGuard.for_engine(s.slo, engines.get(engines.default))
         if self.slo is not None:
             self.slo.start()
         self.pipeline = Pipeline(
-            engine=self.engine,
+            engine=engines,
             store=self.store,
-            prompts=prompts,
-            scenarios=ScenarioRegistry(s.scenarios),
+            prompts=builders[engines.default],
+            scenarios=ScenarioRegistry(s.sampling_overrides()),
             context=self.context,
-            model_name=model,
+            model_name=models[engines.default],
             slo=self.slo,
             thread=s.thread,
+            prompts_by_engine=builders,
+            model_names=models,
         )
         return self.pipeline
 

@@ -277,14 +277,16 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
 
 
 def _needs_supervisor(settings: Settings) -> bool:
-    """``opsbot run`` on vLLM runs under :mod:`bot.supervisor`, so its engine processes never
-    outlive it (unless it already is the supervised child)."""
+    """``opsbot run`` with a vLLM engine (any of ``[engine]`` and ``[engines.NAME]``) runs under
+    :mod:`bot.supervisor`, so its engine processes never outlive it (unless it already is the
+    supervised child)."""
     import os
 
     from bot.engine_factory import pick_backend
     from bot.supervisor import SUPERVISED_ENV
 
-    return not os.environ.get(SUPERVISED_ENV) and pick_backend(settings) == "vllm"
+    on_vllm = any(pick_backend(settings, engine=name) == "vllm" for name in settings.engine_configs())
+    return not os.environ.get(SUPERVISED_ENV) and on_vllm
 
 
 def _setup_logging(settings: Settings, *, debug: bool) -> None:

@@ -24,6 +24,7 @@ from bot.analyze.grouping import INSTANCE_LABELS
 from bot.errors import OpsbotError
 from inference.config import AdmissionConfig, ConfigSection, EngineConfig
 from inference.engine import Lane
+from inference.engine_set import DEFAULT_ENGINE
 
 ENV_PREFIX = "OPSBOT_"
 CONFIG_FILE_ENV = "OPSBOT_CONFIG"
@@ -696,8 +697,15 @@ class Settings(BaseSettings):
     """Lane admission control."""
     prompt: PromptSettings = Field(default_factory=PromptSettings)
     """System prompt and budgets."""
+    engines: dict[str, EngineConfig] = Field(default_factory=dict)
+    """More engines in this process by name, each a full engine configuration like ``[engine]``
+    (which is the engine named ``default``), e.g. ``[engines.int4] model = "/models/awq"
+    gpu_memory_utilization = 0.3``; ``[scenarios.alert_summary] engine = "int4"`` sends a scenario
+    to one. vLLM engines share the GPU by ``gpu_memory_utilization`` (at most 0.95 together per GPU;
+    every engine starts at GPU 0, a tensor-parallel one spans GPUs 0 to N-1)."""
     scenarios: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Per-scenario sampling overrides, e.g. ``[scenarios.root_cause] max_tokens = 768``."""
+    """Per-scenario sampling overrides, e.g. ``[scenarios.root_cause] max_tokens = 768``, and the
+    engine that answers it (``engine = "NAME"``, a ``[engines.NAME]`` block; unset: ``default``)."""
     store: StoreSettings = Field(default_factory=StoreSettings)
     """Database."""
     http: HttpSettings = Field(default_factory=HttpSettings)
@@ -733,6 +741,29 @@ class Settings(BaseSettings):
         check_clusters_and_scopes(self)
         return self
 
+    @model_validator(mode="after")
+    def _engines_agree(self) -> Settings:
+        check_engines(self)
+        return self
+
+    def engine_configs(self) -> dict[str, EngineConfig]:
+        """Every engine by name: ``default`` (``[engine]``) first, then the ``[engines.NAME]`` blocks."""
+        return {DEFAULT_ENGINE: self.engine, **self.engines}
+
+    def scenario_engines(self) -> dict[str, str]:
+        """The engine name of each scenario that names one (``[scenarios.X] engine``); the rest go to
+        ``default``."""
+        return {
+            name: str(fields[ENGINE_KEY]) for name, fields in self.scenarios.items() if ENGINE_KEY in fields
+        }
+
+    def sampling_overrides(self) -> dict[str, dict[str, Any]]:
+        """``[scenarios]`` without the ``engine`` keys: the sampling overrides ``ScenarioRegistry`` takes."""
+        return {
+            name: {key: value for key, value in fields.items() if key != ENGINE_KEY}
+            for name, fields in self.scenarios.items()
+        }
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -755,6 +786,46 @@ class Settings(BaseSettings):
         data: dict[str, Any] = self.model_dump(mode="json")
         data["store"]["url"] = mask_url(self.store_url)
         return data
+
+
+ENGINE_KEY = "engine"
+"""The ``[scenarios.X]`` key that names the scenario's engine (not a sampling field)."""
+GPU_MEMORY_BUDGET = 0.95
+"""Most ``gpu_memory_utilization`` that the vLLM engines of one process may take together on one GPU
+(the rest is the CUDA context and allocator slack of each engine)."""
+
+
+def check_engines(settings: Settings) -> None:
+    """Raise ``ValueError`` (one line, naming the key) when the engines and the scenarios' ``engine``
+    keys disagree, or the vLLM engines' memory fractions add up to more than one GPU holds."""
+    if DEFAULT_ENGINE in settings.engines:
+        raise ValueError(
+            f"[engines.{DEFAULT_ENGINE}]: the name {DEFAULT_ENGINE!r} is the [engine] section's engine; "
+            "configure it there, or give this engine another name"
+        )
+    known = settings.engine_configs()
+    for scenario, fields in settings.scenarios.items():
+        if ENGINE_KEY not in fields:
+            continue
+        name = fields[ENGINE_KEY]
+        if not isinstance(name, str) or name not in known:
+            raise ValueError(
+                f"scenarios.{scenario}.engine: no engine named {name!r} (known: {', '.join(known)}); "
+                f"add an [engines.{name}] block or name one of these"
+            )
+    # Only engines that may run on vLLM hold GPU memory ("auto" is vLLM wherever a GPU is).
+    on_gpu = {name: c for name, c in known.items() if c.backend in ("vllm", "auto")}
+    if len(on_gpu) < 2:
+        return
+    for gpu in range(max(c.tensor_parallel_size for c in on_gpu.values())):
+        sharing = {name: c for name, c in on_gpu.items() if c.tensor_parallel_size > gpu}
+        total = sum(c.gpu_memory_utilization for c in sharing.values())
+        if len(sharing) > 1 and total > GPU_MEMORY_BUDGET + 1e-9:
+            shares = ", ".join(f"{name} {c.gpu_memory_utilization:g}" for name, c in sharing.items())
+            raise ValueError(
+                f"engines sharing GPU {gpu} ask for {total:g} of its memory together ({shares}): lower "
+                f"their gpu_memory_utilization so the sum is at most {GPU_MEMORY_BUDGET:g}"
+            )
 
 
 def cluster_namespaces(settings: Settings) -> dict[str, list[str]]:
@@ -831,8 +902,10 @@ def _describe(exc: ValidationError, path: Path) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         fix = f"remove it or check its spelling against `opsbot config show` ({path})"
+    elif not loc:  # a check across sections: its message names the keys
+        fix = f"correct those keys in {path} or their OPSBOT_ variables"
     else:
-        fix = f"set {loc or 'it'} in {path} or {env}"
+        fix = f"set {loc} in {path} or {env}"
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
     return f"config error at {loc or 'top level'}: {msg}{got_text}. Fix: {fix}{more}"
 

@@ -21,6 +21,7 @@ from bot import metrics
 from bot.store import Store
 from inference.admission import LANE_ORDER, AdmittedEngine
 from inference.engine import Engine
+from inference.engine_set import DEFAULT_ENGINE, EngineSet
 
 logger = logging.getLogger(__name__)
 
@@ -89,31 +90,40 @@ async def body_guard(
 
 
 _preemptions_seen: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
-"""The engine's preemption count at the last scrape (it reports a running total; the metric counts)."""
+"""Each engine's preemption count at the last scrape (it reports a running total; the metric counts)."""
 
 
 def refresh_engine_metrics(engine: Engine) -> None:
-    """Copy the engine's current stats into the exported gauges (and its preemptions into the counter)."""
-    stats = engine.stats()
-    metrics.ENGINE_READY.set(1 if engine.health().ready else 0)
-    metrics.ENGINE_RUNNING.set(stats.running)
-    metrics.ENGINE_WAITING.set(stats.waiting)
-    if stats.kv_cache_usage is not None:
-        metrics.ENGINE_KV_CACHE_USAGE.set(stats.kv_cache_usage)
-    if stats.prefix_cache_hit_rate is not None:
-        metrics.ENGINE_PREFIX_HIT_RATE.set(stats.prefix_cache_hit_rate)
-    if stats.preemptions is not None:
-        seen = _preemptions_seen.get(engine, 0)
-        # A restarted engine counts from zero again: then everything it reports is new.
-        metrics.ENGINE_PREEMPTIONS.inc(
-            stats.preemptions - seen if stats.preemptions >= seen else stats.preemptions
-        )
-        _preemptions_seen[engine] = stats.preemptions
+    """Copy each engine's current stats into the exported gauges (labelled by engine name) and its
+    preemptions into the counter."""
+    members = engine.items() if isinstance(engine, EngineSet) else [(DEFAULT_ENGINE, engine)]
+    for name, member in members:
+        _refresh_one(name, member)
+    if isinstance(engine, EngineSet):
+        engine = engine.get(engine.default)  # the SLO guard tunes the default engine's lanes
     if isinstance(engine, AdmittedEngine):
         for lane in LANE_ORDER:
             limit = engine.controller.limit(lane)
             if limit is not None:
                 metrics.LANE_LIMIT.labels(lane.value).set(limit)
+
+
+def _refresh_one(name: str, engine: Engine) -> None:
+    stats = engine.stats()
+    metrics.ENGINE_READY.labels(name).set(1 if engine.health().ready else 0)
+    metrics.ENGINE_RUNNING.labels(name).set(stats.running)
+    metrics.ENGINE_WAITING.labels(name).set(stats.waiting)
+    if stats.kv_cache_usage is not None:
+        metrics.ENGINE_KV_CACHE_USAGE.labels(name).set(stats.kv_cache_usage)
+    if stats.prefix_cache_hit_rate is not None:
+        metrics.ENGINE_PREFIX_HIT_RATE.labels(name).set(stats.prefix_cache_hit_rate)
+    if stats.preemptions is not None:
+        seen = _preemptions_seen.get(engine, 0)
+        # A restarted engine counts from zero again: then everything it reports is new.
+        metrics.ENGINE_PREEMPTIONS.labels(name).inc(
+            stats.preemptions - seen if stats.preemptions >= seen else stats.preemptions
+        )
+        _preemptions_seen[engine] = stats.preemptions
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -122,7 +132,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: 200 when the engine takes requests and the database answers, else 503 + reason."""
+    """Readiness: 200 when the engine (every engine of a set) takes requests and the database
+    answers, else 503 + reason."""
     engine = request.app[ENGINE_KEY]
     store = request.app[STORE_KEY]
     health = engine.health()

@@ -96,8 +96,10 @@ STORE_WRITE_FAILURES = Counter("opsbot_store_write_failures_total", "Failed data
 STORE_UP = Gauge("opsbot_store_up", "1 when the last database write or ping succeeded")
 
 # -- admission and engine -------------------------------------------------------------------------
-LANE_QUEUE_DEPTH = Gauge("opsbot_lane_queue_depth", "Requests waiting for admission", ["lane"])
-LANE_IN_FLIGHT = Gauge("opsbot_lane_in_flight", "Requests admitted into the engine (running)", ["lane"])
+LANE_QUEUE_DEPTH = Gauge("opsbot_lane_queue_depth", "Requests waiting for admission", ["lane", "engine"])
+LANE_IN_FLIGHT = Gauge(
+    "opsbot_lane_in_flight", "Requests admitted into the engine (running)", ["lane", "engine"]
+)
 LANE_REJECTED = Counter(
     "opsbot_lane_rejected_total", "Requests refused by admission control", ["lane", "reason"]
 )
@@ -112,14 +114,19 @@ LANE_MAX_TOKENS_CAP = Gauge(
     ["lane"],
 )
 
-ENGINE_READY = Gauge("opsbot_engine_ready", "1 when the engine can take requests")
-ENGINE_KV_CACHE_USAGE = Gauge("opsbot_engine_kv_cache_usage_ratio", "KV-cache blocks in use (0-1)")
-ENGINE_RUNNING = Gauge("opsbot_engine_running_requests", "Requests running in the engine")
-ENGINE_WAITING = Gauge("opsbot_engine_waiting_requests", "Requests waiting inside the engine")
-ENGINE_PREFIX_HIT_RATE = Gauge(
-    "opsbot_engine_prefix_cache_hit_ratio", "Prompt tokens served from cache since engine start (0-1)"
+# One series per named engine ([engines.NAME]; the [engine] section is "default").
+ENGINE_READY = Gauge("opsbot_engine_ready", "1 when the engine can take requests", ["engine"])
+ENGINE_KV_CACHE_USAGE = Gauge(
+    "opsbot_engine_kv_cache_usage_ratio", "KV-cache blocks in use (0-1)", ["engine"]
 )
-ENGINE_PREEMPTIONS = Counter("opsbot_engine_preemptions_total", "Requests the engine preempted")
+ENGINE_RUNNING = Gauge("opsbot_engine_running_requests", "Requests running in the engine", ["engine"])
+ENGINE_WAITING = Gauge("opsbot_engine_waiting_requests", "Requests waiting inside the engine", ["engine"])
+ENGINE_PREFIX_HIT_RATE = Gauge(
+    "opsbot_engine_prefix_cache_hit_ratio",
+    "Prompt tokens served from cache since engine start (0-1)",
+    ["engine"],
+)
+ENGINE_PREEMPTIONS = Counter("opsbot_engine_preemptions_total", "Requests the engine preempted", ["engine"])
 ENGINE_RESTARTS = Counter("opsbot_engine_restarts_total", "Engine restarts after it died")
 
 # -- SLO guard (bot/slo.py) -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ from inference.engine import (
     EngineDeadError,
     EngineGenerateError,
     EngineOverloadedError,
+    EngineStats,
     GenerationRequest,
     GenerationResult,
     Lane,
@@ -57,6 +58,7 @@ from inference.engine import (
     RequestTimeoutError,
     TextDelta,
 )
+from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
@@ -103,13 +105,21 @@ class Pipeline:
         model_name: str = "",
         slo: SloGuard | None = None,
         thread: ThreadSettings | None = None,
+        prompts_by_engine: Mapping[str, PromptBuilder] | None = None,
+        model_names: Mapping[str, str] | None = None,
     ) -> None:
         self.engine = engine
+        self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
+        """The engines by name and which scenario each answers (one engine: a set of one)."""
         self.store = store
         self.prompts = prompts
+        self.prompts_by_engine = dict(prompts_by_engine or {})
+        """Each named engine's prompt builder (its tokenizer and context window); ``prompts`` else."""
         self.scenarios = scenarios
         self.context = context
         self.model_name = model_name
+        self.model_names = dict(model_names or {})
+        """Each named engine's model, for the request rows; ``model_name`` else."""
         self.slo = slo
         """The SLO guard every answer's TTFT is reported to (``None``: off)."""
         self.started = time.monotonic()
@@ -233,49 +243,57 @@ class Pipeline:
 
     async def status_text(self) -> str:
         """One status block: model, quantization, health, uptime, queue per lane, KV cache, prefix-cache
-        reuse and TTFT p50 / p99 (last hour), the SLO state, the store."""
+        reuse and TTFT p50 / p99 (last hour), the SLO state, the store. With several engines
+        (``[engines.NAME]``), one line per engine: its model, the scenarios it answers, its health,
+        queues, KV cache and TTFT."""
         stats = self.engine.stats()
         health = self.engine.health()
         now = datetime.now(UTC)
         recent = await self.store.requests_between(now - timedelta(hours=1), now)
-        ttft = sorted(r.ttft_ms for r in recent if r.ttft_ms is not None)
         prompt_tokens = sum(r.prompt_tokens for r in recent if r.status == "ok")
         cached_tokens = sum(r.cached_tokens for r in recent if r.status == "ok")
-        lanes = ", ".join(
-            f"{lane.value} {stats.waiting_by_lane.get(lane.value, 0)} waiting / "
-            f"{stats.running_by_lane.get(lane.value, 0)} running"
-            for lane in Lane
-        )
-        kv = "n/a" if stats.kv_cache_usage is None else f"{stats.kv_cache_usage * 100:.1f} %"
         hit = "n/a" if stats.prefix_cache_hit_rate is None else f"{stats.prefix_cache_hit_rate * 100:.1f} %"
-        if ttft:
-            ttft_line = (
-                f"TTFT last hour: p50 {(percentile(ttft, 50) or 0) / 1000:.2f} s, "
-                f"p99 {(percentile(ttft, 99) or 0) / 1000:.2f} s "
-                f"({len(ttft)} answer{'' if len(ttft) == 1 else 's'})"
-            )
-        else:
-            ttft_line = "TTFT last hour: no answers yet"
         state = "ready" if health.ready else f"NOT READY ({health.reason})"
-        quant = f"quantization {stats.quantization or 'none'}"
         uptime = format_duration(time.monotonic() - self.started)
         reuse = (
             f"{cached_tokens / prompt_tokens * 100:.1f} % of {prompt_tokens} prompt tokens"
             if prompt_tokens
             else "no answers yet"
         )
-        return "\n".join(
-            [
-                f"*opsbot status* — engine {stats.backend}, model `{stats.model}`, {quant}: {state}, "
-                f"up {uptime}",
-                f"Queue: {lanes}",
-                f"KV cache in use: {kv}; prefix-cache reuse last hour: {reuse} (engine hit rate {hit})",
-                ttft_line,
-                self.slo.describe() if self.slo is not None else "SLO guard: off",
-                f"Store: {'up' if await self.store.ping() else 'DOWN'}, "
-                f"{self.store.buffered} rows buffered, {self.store.dropped} dropped",
-            ]
-        )
+        tail = [
+            self.slo.describe() if self.slo is not None else "SLO guard: off",
+            f"Store: {'up' if await self.store.ping() else 'DOWN'}, "
+            f"{self.store.buffered} rows buffered, {self.store.dropped} dropped",
+        ]
+        if len(self.engines.names) == 1:
+            quant = f"quantization {stats.quantization or 'none'}"
+            return "\n".join(
+                [
+                    f"*opsbot status* — engine {stats.backend}, model `{stats.model}`, {quant}: {state}, "
+                    f"up {uptime}",
+                    f"Queue: {_lanes_text(stats)}",
+                    f"KV cache in use: {_kv_text(stats)}; prefix-cache reuse last hour: {reuse} "
+                    f"(engine hit rate {hit})",
+                    _ttft_line([r.ttft_ms for r in recent]),
+                    *tail,
+                ]
+            )
+        lines = [f"*opsbot status* — {len(self.engines.names)} engines: {state}, up {uptime}"]
+        for name, engine in self.engines.items():
+            own, ok = engine.stats(), engine.health()
+            answers = ", ".join(self.engines.scenarios_of(name))
+            if name == self.engines.default:
+                answers = f"{answers} and every other scenario" if answers else "every scenario not routed"
+            ttft = [r.ttft_ms for r in recent if r.engine == name]
+            ready = "ready" if ok.ready else f"NOT READY ({ok.reason or 'starting'})"
+            lines.append(
+                f"• engine `{name}` — {own.backend}, model `{own.model}`, quantization "
+                f"{own.quantization or 'none'}, answers {answers}: "
+                f"{ready}\n"
+                f"  Queue: {_lanes_text(own)}; KV cache in use: {_kv_text(own)}; {_ttft_line(ttft)}"
+            )
+        lines.append(f"Prefix-cache reuse last hour: {reuse} (mean engine hit rate {hit})")
+        return "\n".join([*lines, *tail])
 
     # -- answering ---------------------------------------------------------------------------
     async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
@@ -291,6 +309,7 @@ class Pipeline:
             )
             return
         lane = pick_lane(message, scenario)
+        engine_name = self.engines.name_for(scenario)
         record = RequestRecord(
             request_id=request_id,
             platform=message.platform,
@@ -300,15 +319,17 @@ class Pipeline:
             scenario=scenario,
             lane=lane.value,
             status="ok",
-            model=self.model_name,
+            model=self.model_names.get(engine_name) or self.model_name,
+            engine=engine_name,
         )
         logger.info(
-            "request %s: %s/%s %s lane=%s",
+            "request %s: %s/%s %s lane=%s engine=%s",
             request_id,
             message.platform,
             message.channel,
             scenario,
             lane.value,
+            engine_name,
         )
         reply: ReplyStream | None = None
         # Nothing waits on the platform that need not: for an answer that starts its thread, the
@@ -362,6 +383,8 @@ class Pipeline:
         gathered: asyncio.Task[_Gathered] | None = None,
     ) -> None:
         sampling = self.scenarios.get(scenario)
+        engine_name, engine = self.engines.engine_for(scenario)
+        prompts = self.prompts_by_engine.get(engine_name, self.prompts)
         if gathered is not None:  # started beside the placeholder (an answer that starts its thread)
             history, bundle, context_ms = await gathered
         else:
@@ -376,7 +399,7 @@ class Pipeline:
             asker=message.user_name or message.user,
             scenario=scenario,
             max_tokens=sampling.max_tokens,
-            system_prompt=self.prompts.system_prompt,
+            system_prompt=prompts.system_prompt,
             history=history,
             bundle=bundle,
         )
@@ -386,7 +409,7 @@ class Pipeline:
         result: GenerationResult | None = None
         error: str | None = None
         try:
-            plan = self.prompts.build(
+            plan = prompts.build(
                 scenario=scenario,
                 question=message.text,
                 asker=message.user_name or message.user,
@@ -410,7 +433,7 @@ class Pipeline:
             )
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
-            text, result, error = await self._generate(request, stream, record, sources)
+            text, result, error = await self._generate(request, stream, record, engine, sources)
         await sources
         shown = text
         if scenario == POSTMORTEM and error is None and text:
@@ -569,9 +592,11 @@ class Pipeline:
         request: GenerationRequest,
         reply: ReplyStream,
         record: RequestRecord,
+        engine: Engine,
         before_text: asyncio.Future[None] | None = None,
     ) -> tuple[str, GenerationResult | None, str | None]:
-        """Run the engine stream into ``reply``; returns (text, result, user-facing error).
+        """Run ``engine``'s stream (the scenario's engine) into ``reply``; returns (text, result,
+        user-facing error).
 
         ``before_text`` (the sources line being shown) is awaited before the first text edit, so
         the reply's posts keep their order while the engine already works.
@@ -583,7 +608,7 @@ class Pipeline:
         result: GenerationResult | None = None
         error: str | None = None
         last_update = 0.0
-        stream = self.engine.generate(request)
+        stream = engine.generate(request)
         try:
             async for event in stream:
                 if isinstance(event, TextDelta):
@@ -645,6 +670,29 @@ class Pipeline:
             elif record.status in ("timeout", "overloaded") and record.e2e_ms is not None:
                 # No first token at all: the wait the asker had is a lower bound of its TTFT.
                 self.slo.observe(record.lane, record.e2e_ms / 1000)
+
+
+def _lanes_text(stats: EngineStats) -> str:
+    return ", ".join(
+        f"{lane.value} {stats.waiting_by_lane.get(lane.value, 0)} waiting / "
+        f"{stats.running_by_lane.get(lane.value, 0)} running"
+        for lane in Lane
+    )
+
+
+def _kv_text(stats: EngineStats) -> str:
+    return "n/a" if stats.kv_cache_usage is None else f"{stats.kv_cache_usage * 100:.1f} %"
+
+
+def _ttft_line(values: Sequence[float | None]) -> str:
+    ttft = sorted(v for v in values if v is not None)
+    if not ttft:
+        return "TTFT last hour: no answers yet"
+    return (
+        f"TTFT last hour: p50 {(percentile(ttft, 50) or 0) / 1000:.2f} s, "
+        f"p99 {(percentile(ttft, 99) or 0) / 1000:.2f} s "
+        f"({len(ttft)} answer{'' if len(ttft) == 1 else 's'})"
+    )
 
 
 _ASKED = (MessageKind.MENTION, MessageKind.DIRECT)

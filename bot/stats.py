@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from bot.store import RequestRecord
 from bot.store.records import Percentiles, percentile, percentiles
 
-DIMENSIONS = ("scenario", "lane", "platform", "channel", "model")
+DIMENSIONS = ("scenario", "lane", "platform", "channel", "model", "engine")
 """What ``opsbot stats --by`` can group by (request row columns)."""
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("queue_ms", "queue"), ("e2e_ms", "end-to-end"))
 """Latency columns and their names in the tables."""

@@ -5,8 +5,9 @@
 #             warm-up, every urgent-under-load episode kept; single + bursts too      (~6 min)
 #   pressure  issue 10/14: Poisson 2k-token background beside urgent, small KV cache:
 #             raw priorities vs opsbot admission vs admission + KV watermark            (~4 min)
-#   split     issue 14: one engine per scenario (AWQ summaries + bf16 root cause) vs
-#             one engine with lanes                                                    (~4 min)
+#   split     issue 14: one engine per scenario (AWQ summaries at 0.3 + bf16 root cause at
+#             0.55 of the GPU, through inference.engine_set.EngineSet) vs one bf16 engine
+#             with lanes at 0.85; urgent TTFT P99 and total tok/s, two / one ratios     (~5 min)
 #   matrix    issue 14: fp8, awq, gptq and FP8 KV cache variants on the opsbot layer   (~8 min)
 set -uo pipefail
 source bench/h200/env.sh || exit $?

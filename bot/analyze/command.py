@@ -63,7 +63,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
         return 1
     progress_line = lambda line: err.print(f"[dim]{line}[/dim]", highlight=False, soft_wrap=True)  # noqa: E731
     model = resolve_model(settings, progress=progress_line)
-    backend = pick_backend(settings)
+    backend = pick_backend(settings, model)
     system_prompt = load_system_prompt(settings.prompt.system_prompt, settings.prompt.system_prompt_file)
     offline = None
     engine: Engine | None = None
@@ -102,7 +102,9 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             context_share=settings.prompt.context_share,
             history_share=settings.prompt.history_share,
         )
-        prepared = await asyncio.to_thread(prepare, spec, read, builder, ScenarioRegistry(settings.scenarios))
+        prepared = await asyncio.to_thread(
+            prepare, spec, read, builder, ScenarioRegistry(settings.sampling_overrides())
+        )
         _say_plan(prepared, err)
         store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
         stop = asyncio.Event()

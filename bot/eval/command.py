@@ -98,7 +98,7 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     model = resolve_model(settings, progress=say)
-    backend = pick_backend(settings)
+    backend = pick_backend(settings, model)
     system_prompt = load_system_prompt(settings.prompt.system_prompt, settings.prompt.system_prompt_file)
     say(f"{len(cases)} cases from {', '.join(map(str, paths))}; starting the {backend} engine ({model}) ...")
     engine = PromptTap(build_engine(settings, model))

@@ -365,7 +365,7 @@ class EvalRunner:
 
 def scenario_overrides(settings: Settings, max_tokens: int | None) -> dict[str, dict[str, Any]]:
     """The configured scenario overrides, with every scenario's answer capped at ``max_tokens``."""
-    overrides = {name: dict(values) for name, values in settings.scenarios.items()}
+    overrides = settings.sampling_overrides()  # without the `engine` keys (eval runs one engine)
     if max_tokens is not None:
         for name in ScenarioRegistry(overrides).names:
             overrides.setdefault(name, {})["max_tokens"] = max_tokens

@@ -28,6 +28,8 @@ class RequestRecord:
     branch of the engine's and the bot's error trees (``bot.pipeline``)."""
     error: str | None = None
     model: str | None = None
+    engine: str | None = None
+    """The named engine that answered (``default``: the ``[engine]`` section; ``[engines.NAME]``)."""
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0

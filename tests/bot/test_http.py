@@ -27,7 +27,7 @@ async def test_healthz_readyz_and_metrics_answer_when_everything_is_up(parts: An
             async with http.get(f"{base}/metrics") as resp:
                 body = await resp.text()
                 assert resp.status == 200
-                assert "opsbot_engine_ready 1.0" in body
+                assert 'opsbot_engine_ready{engine="default"} 1.0' in body
                 assert "opsbot_ttft_seconds_bucket" in body
                 assert "opsbot_requests_total" in body
     finally:

@@ -47,12 +47,12 @@ async def test_metrics_carry_vllm_engine_gauges_and_vllm_own_series(engine: Admi
             engine.generate(chat_request(f"m{i}", SYSTEM, f"why is pod api-{i} restarting?", max_tokens=8))
         )
     refresh_engine_metrics(engine)
-    assert REGISTRY.get_sample_value("opsbot_engine_ready") == 1
-    kv = REGISTRY.get_sample_value("opsbot_engine_kv_cache_usage_ratio")
+    assert REGISTRY.get_sample_value("opsbot_engine_ready", {"engine": "default"}) == 1
+    kv = REGISTRY.get_sample_value("opsbot_engine_kv_cache_usage_ratio", {"engine": "default"})
     assert kv is not None and 0.0 <= kv <= 1.0
-    hit = REGISTRY.get_sample_value("opsbot_engine_prefix_cache_hit_ratio")
+    hit = REGISTRY.get_sample_value("opsbot_engine_prefix_cache_hit_ratio", {"engine": "default"})
     assert hit is not None and hit > 0  # the shared system prompt comes from the prefix cache
-    assert REGISTRY.get_sample_value("opsbot_engine_preemptions_total") is not None
+    assert REGISTRY.get_sample_value("opsbot_engine_preemptions_total", {"engine": "default"}) is not None
     assert REGISTRY.get_sample_value("opsbot_admission_max_in_flight", {"lane": "background"}) == 56
     assert b"\nvllm:" in generate_latest(REGISTRY)
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 14 item 3: quality on real weights (SmolLM2-135M-Instruct) under vLLM, bf16 against online
+# FP8, FP8 KV cache, the Q4_1 GGUF itself and in-flight bitsandbytes 4-bit.
+# The GGUF (94 MiB) does not fit one run's carry (64 MiB): split it here first with
+#   python bench/quality_bench.py split [--gguf FILE]     (writes .gguf/: 2 chunks + manifest)
+# then, on one warm machine (after stage.sh 00-02), three runs back to back:
+#   bench/h200/quality.sh 00    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.00 and .gguf/manifest.json
+#   bench/h200/quality.sh 01    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.01 and .gguf/manifest.json
+#   bench/h200/quality.sh run   join + sha256 check, dequantize to bf16, measure       (~5 min)
+set -uo pipefail
+step=${1:?usage: quality.sh 00|01|run [extra quality_bench.py run args]}
+shift
+mkdir -p /tmp/q
+if [ "$step" != run ]; then
+  cp ".gguf/SmolLM2-135M-Instruct.Q4_1.gguf.$step" .gguf/manifest.json /tmp/q/ || exit 3
+  echo "staged chunk $step ($(du -h "/tmp/q/SmolLM2-135M-Instruct.Q4_1.gguf.$step" | cut -f1))"
+  exit 0
+fi
+source bench/h200/env.sh || exit $?
+python3 bench/quality_bench.py join --parts /tmp/q --out /tmp/q/smollm2.gguf || exit $?
+python3 bench/quality_bench.py convert --gguf /tmp/q/smollm2.gguf --out /tmp/q/smollm2-bf16 || exit $?
+# Eager mode: five engine starts fit the run; the kernels (and so the numbers) are the same ones.
+python3 bench/quality_bench.py run --model /tmp/q/smollm2-bf16 --gguf /tmp/q/smollm2.gguf \
+  --configs bf16,fp8,kvfp8,fp8+kvfp8,gguf,bnb4,bf16 --eager --config-timeout-s 240 \
+  --work /tmp/q/work --out "$OUT/quality.json" "$@" 2>&1 | tee "$OUT/quality.log" | tail -c 100000
+exit "${PIPESTATUS[0]}"

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from bot import metrics, postmortem
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.claims import LeaseKeeper
 from bot.config import ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -40,7 +41,7 @@ from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage
-from bot.store.records import percentile
+from bot.store.records import Claim, percentile
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 from inference.context import request_scope
 from inference.engine import (
@@ -112,6 +113,7 @@ class Pipeline:
         self.thread = thread or ThreadSettings()
         """How the chat thread is read back as context (``[thread]``)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._leases: dict[str, LeaseKeeper] = {}
 
     # -- work in flight ----------------------------------------------------------------------
     def submit(self, message: IncomingMessage, adapter: ChatAdapter) -> asyncio.Task[None]:
@@ -162,10 +164,24 @@ class Pipeline:
         """Answer ``message`` through ``adapter`` now; never raises for a per-message problem."""
         with request_scope(message.request_id):
             message.text = redact(message.text)
-            if not await self.store.claim_event(message.platform, message.event_id):
+            # The claim is leased to this replica while it answers: if it dies mid-answer, another
+            # replica notes the answer as interrupted where it was going (bot.claims).
+            lease = Claim(
+                message.platform,
+                message.event_id,
+                request_id=message.request_id,
+                channel=message.channel,
+                thread_id=message.thread_id or message.message_id,
+                user=message.user,
+            )
+            if not await self.store.claim_event(message.platform, message.event_id, lease):
                 metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
                 logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
                 return
+            keeper = self._leases[message.request_id] = LeaseKeeper(
+                self.store, message.platform, message.event_id
+            )
+            keeper.start()
             try:
                 if await self._refused(message, adapter):
                     return
@@ -178,6 +194,10 @@ class Pipeline:
                 await self._answer(message, adapter)
             except Exception:  # last line of defence: log it, the adapter's loop must go on
                 logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+            finally:
+                self._leases.pop(message.request_id, None)
+                # Shielded: a shutdown's cancel must not leave the lease to expire as if this died.
+                await asyncio.shield(keeper.release())
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a
@@ -322,6 +342,8 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
+            if (keeper := self._leases.get(request_id)) is not None:
+                keeper.locate(thread_id=reply.thread_id, scenario=scenario, lane=lane.value)
             await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.

@@ -8,6 +8,13 @@ the group go into the same thread: new firing alerts get a new analysis, alerts 
 short note, and a resolved group a short "resolved" note (never a new analysis). The webhook answers
 200 at once; the work runs in a task the pipeline owns (so shutdown drains it with everything else),
 and a receiver that is stopping answers 503, so Alertmanager retries on another replica.
+
+The group's state (its thread, its status, the fingerprints firing at its last notification) lives
+in the database, not in this process: replicas receiving the same webhook open one thread between
+them (the store's claim on the group, :meth:`~bot.store.Store.open_alert_thread`), change its state
+by compare-and-set (so one of them posts a resolve note), and a resolve after a restart or on
+another replica lands as a short note in the same thread. The analysis itself is claimed by the
+notification's event id like any chat event.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import Coroutine, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -45,6 +54,16 @@ class AlertThreadStore(Protocol):
 
     async def save_alert_thread(self, thread: AlertThread) -> None:
         """Insert or update a thread."""
+
+    async def open_alert_thread(self, thread: AlertThread) -> AlertThread | None:
+        """Claim the group: ``None`` when this call created its row, else the row there is."""
+
+    async def update_alert_thread(self, thread: AlertThread, *, expect: AlertThread | None = None) -> bool:
+        """Write the thread's state (only if still ``expect``'s, when given); True when written."""
+
+    @property
+    def claim_lease_s(self) -> float:
+        """Seconds after which a group left ``opening`` is taken over."""
 
 
 class PipelineEntry(Protocol):
@@ -103,9 +122,6 @@ class AlertmanagerReceiver:
         self.accepting = True
         """False once :meth:`stop` ran: new notifications are answered 503 (Alertmanager retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
-        # Fingerprints firing at the last notification of each group (this process only): tells a
-        # re-fire with new alerts (new analysis) from a partial resolve (short note).
-        self._firing: dict[str, set[str]] = {}
 
     @staticmethod
     def _targets(targets: list[str]) -> list[tuple[str, str]]:
@@ -161,7 +177,6 @@ class AlertmanagerReceiver:
                     message = await self._for_target(payload, index, adapter, channel)
                     if message is not None:
                         answers.append((message, adapter))
-                self._firing[group_key] = {fingerprint(a) for a in firing(payload)}
                 # The analyses of all targets run together; the group's next notification waits for
                 # them, so a resolve note never lands above the summary it resolves.
                 outcomes = await asyncio.gather(
@@ -192,44 +207,48 @@ class AlertmanagerReceiver:
         """Post what this notification needs in one target; the message to analyse, if any."""
         group_key: str = payload["groupKey"]
         key = self.thread_key(group_key, index)
-        thread = await self.store.get_alert_thread(key)
         status: str = payload["status"]
+        now_firing = sorted({fingerprint(a) for a in firing(payload)})
         if status == "resolved":
+            thread = await self._opened(await self.store.get_alert_thread(key))
             if thread is None:
                 logger.info(
                     "resolved alert group %s has no thread; nothing to do", redact(group_key, where="log")
                 )
                 return None
-            if thread.status != "resolved":
+            resolved = replace(thread, status="resolved", firing=[])
+            # Compare-and-set: of two replicas given the same resolve, one posts the note.
+            if thread.status != "resolved" and await self.store.update_alert_thread(resolved, expect=thread):
                 await adapter.post_to_channel(thread.channel, self._resolved_text(payload), thread.thread_id)
-                thread.status = "resolved"
-                await self.store.save_alert_thread(thread)
             return None
-        now_firing = {fingerprint(a) for a in firing(payload)}
-        if thread is None:
+        opening = AlertThread(key, adapter.platform, channel, "", "opening", now_firing)
+        found = await self.store.open_alert_thread(opening)
+        if found is None:  # this replica opened the group: post its header
             thread_id = await adapter.post_to_channel(channel, header(payload))
-            thread = AlertThread(
-                group_key=key,
-                platform=adapter.platform,
-                channel=channel,
-                thread_id=thread_id,
-                status="firing",
-            )
-            await self.store.save_alert_thread(thread)
+            thread = replace(opening, thread_id=thread_id, status="firing")
+            await self.store.update_alert_thread(thread)
         else:
-            before = self._firing.get(group_key)
-            if before is not None and thread.status == "firing" and now_firing <= before:
-                gone = before - now_firing
-                if gone:
+            opened = await self._opened(found)
+            if opened is None:
+                logger.warning(
+                    "alert group %s: another replica is still opening its thread; skipped",
+                    redact(group_key, where="log"),
+                )
+                return None
+            thread = opened
+            before = set(thread.firing) if thread.firing is not None else None
+            if before is not None and thread.status == "firing" and set(now_firing) <= before:
+                gone = before - set(now_firing)
+                now = replace(thread, firing=now_firing)
+                if gone and await self.store.update_alert_thread(now, expect=thread):
                     text = (
                         f":white_check_mark: {len(gone)} alert(s) of this group resolved; "
                         f"{len(now_firing)} still firing."
                     )
                     await adapter.post_to_channel(thread.channel, text, thread.thread_id)
                 return None
-            if thread.status != "firing":
-                thread.status = "firing"
-                await self.store.save_alert_thread(thread)
+            thread = replace(thread, status="firing", firing=now_firing)
+            await self.store.update_alert_thread(thread)
         event_id = f"alert:{group_key}:{notification_digest(payload)}"
         if index:
             event_id += f"@{channel}"
@@ -245,6 +264,19 @@ class AlertmanagerReceiver:
             scenario=ALERT_SUMMARY,
             extra={"alert": payload},
         )
+
+    async def _opened(self, thread: AlertThread | None) -> AlertThread | None:
+        """``thread`` once its header is posted: a group another replica is opening is waited for
+        (up to ``store.claim_lease_s``; ``None`` if it is still opening then)."""
+        if thread is None or thread.status != "opening":
+            return thread
+        deadline = time.monotonic() + self.store.claim_lease_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            found = await self.store.get_alert_thread(thread.group_key)
+            if found is None or found.status != "opening":
+                return found
+        return None
 
     @staticmethod
     def _resolved_text(payload: Mapping[str, Any]) -> str:

@@ -24,7 +24,8 @@ class RequestRecord:
     lane: str
     status: str
     """``ok``, ``timeout``, ``aborted``, ``overloaded``, ``engine_dead``, ``error`` (the engine could
-    not answer), ``undelivered`` or ``throttled`` (the platform refused or kept failing): one per
+    not answer), ``undelivered`` or ``throttled`` (the platform refused or kept failing),
+    ``interrupted`` (the replica answering it died; written by another replica's sweeper): one per
     branch of the engine's and the bot's error trees (``bot.pipeline``)."""
     error: str | None = None
     model: str | None = None

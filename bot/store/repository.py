@@ -159,6 +159,11 @@ class Store:
         return self._buffer.dropped
 
     @property
+    def claim_lease_s(self) -> float:
+        """Seconds a leased claim lasts unless renewed (``store.claim_lease_s``)."""
+        return self._settings.claim_lease_s
+
+    @property
     def engine(self) -> AsyncEngine:
         """The SQLAlchemy engine (for tests and maintenance scripts)."""
         return self._engine
@@ -378,14 +383,24 @@ class Store:
     async def open_alert_thread(self, thread: AlertThread) -> AlertThread | None:
         """Claim an alert group for this process: ``None`` when this call created the group's row
         (status ``opening``: post the header, then :meth:`update_alert_thread` with its thread id),
-        else the row some replica already has (possibly still ``opening``).
+        else the row some replica already has (possibly still ``opening``). A row that stayed
+        ``opening`` for longer than ``store.claim_lease_s`` is taken over (its replica died).
 
         One INSERT the primary key lets succeed once, so two replicas receiving the same webhook
         never both open a thread. While the database is down only this process's view decides.
         """
         if self._buffer.up:
-            values = {**_alert_values(thread), "status": "opening", "updated_at": utcnow()}
-            stmt = self._insert(_ALERTS).values(**values).on_conflict_do_nothing(index_elements=["group_key"])
+            now = utcnow()
+            values = {**_alert_values(thread), "status": "opening", "updated_at": now}
+            stmt = self._insert(_ALERTS).values(**values)
+            # A row left 'opening' longer than a lease belongs to a replica that died (or failed to
+            # post) before the header was out: it is taken over, so the group is never stuck.
+            stale = now - timedelta(seconds=self._settings.claim_lease_s)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["group_key"],
+                set_={name: stmt.excluded[name] for name in values if name != "group_key"},
+                where=and_(_ALERTS.c.status == "opening", _ALERTS.c.updated_at < stale),
+            )
             try:
                 if await self._call(self._execute(stmt)) == 1:
                     return None

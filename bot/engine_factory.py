@@ -88,11 +88,12 @@ def build_engine(settings: Settings, model: str, *, on_fatal: Callable[[str], No
     else:
         from inference.cpu_engine import CpuEngine
 
-        inner = CpuEngine(config)
+        inner = CpuEngine(config, on_dead=_engine_died, on_fatal=on_fatal)
     logger.info("engine backend: %s", backend)
     return AdmittedEngine(
         inner,
         settings.admission,
         request_timeout_s=config.request_timeout_s,
+        stall_timeout_s=config.stall_timeout_s,
         on_queue_change=_export_queues,
     )

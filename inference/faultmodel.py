@@ -35,21 +35,29 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class FaultyLlamaForCausalLM(LlamaForCausalLM):
-    """``LlamaForCausalLM``; raises once for ``<folder>/crash``, blocks while ``<folder>/hang`` exists."""
+    """``LlamaForCausalLM``; raises once for ``<folder>/crash``, blocks while ``<folder>/hang`` exists.
 
-    def forward(self, *args, **kwargs):
-        folder = getattr(self.config, "fault_dir", None) or _HERE
-        crash = os.path.join(folder, "crash")
-        if os.path.exists(crash):
-            # One-shot, as a transient kernel failure is: the restarted engine loads and runs again.
-            try:
-                os.remove(crash)
-            except FileNotFoundError:
-                pass
-            raise RuntimeError("faulty test model: forward failed (crash trigger)")
-        while os.path.exists(os.path.join(folder, "hang")):
-            time.sleep(0.05)
-        return super().forward(*args, **kwargs)
+    The check is a forward pre-hook, so ``forward`` keeps Llama's own signature.
+    """
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_forward_pre_hook(_check_faults)
+
+
+def _check_faults(module, args):
+    folder = getattr(module.config, "fault_dir", None) or _HERE
+    crash = os.path.join(folder, "crash")
+    if os.path.exists(crash):
+        # One-shot, as a transient kernel failure is: the restarted engine loads and runs again.
+        try:
+            os.remove(crash)
+        except FileNotFoundError:
+            pass
+        raise RuntimeError("faulty test model: forward failed (crash trigger)")
+    while os.path.exists(os.path.join(folder, "hang")):
+        time.sleep(0.05)
+    return None
 '''
 
 

@@ -478,6 +478,16 @@ class AlertmanagerSettings(ConfigSection):
     """Bearer token the receiver requires (unset: none)."""
     targets: list[str] = Field(default_factory=list)
     """Where summaries go, as ``platform:channel`` (``slack:C123``, ``mattermost:abc``)."""
+    storm_threshold: int | None = Field(6, ge=1)
+    """Alert storms: new alert groups one target channel gets a thread of its own each within
+    ``storm_window_s``; further new groups join one storm thread ("N alert groups firing") with a
+    one-line summary per group and one analysis for all of them. ``None``: never coalesce."""
+    storm_window_s: float = Field(60.0, gt=0)
+    """Alert storms: the window new groups are counted in; a storm thread takes new groups until
+    this long passes without one."""
+    storm_settle_s: float = Field(5.0, ge=0)
+    """Alert storms: seconds without a new group joining before the storm's one analysis starts
+    (groups that join later get a further analysis of their own)."""
 
 
 class ContextSettings(ConfigSection):

@@ -10,7 +10,8 @@ Routes (GET only; anything else is 405, as for a read-only service account):
 and their namespaced forms. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists, !exists)
 and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
 
-Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)`` or ``server.delay(r"/pods", 5.0)``.
+Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.delay(r"/pods", 5.0)`` or
+``server.garbage(r"/pods", "<html>bad gateway</html>", "text/html")`` (200 with a body the API never sends).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Fault:
     status: int | None = None
     delay_s: float = 0.0
     message: str = "injected fault"
+    body: str | None = None
+    """Served as is with 200 (a proxy's HTML page, a cut-off JSON document)."""
+    content_type: str = "application/json"
 
 
 @dataclass
@@ -85,6 +89,10 @@ class FakeKubernetes:
     def fail(self, path_regex: str, status: int, message: str = "injected fault") -> None:
         """Requests whose path matches get ``status`` with a Status body."""
         self.faults.append((re.compile(path_regex), Fault(status=status, message=message)))
+
+    def garbage(self, path_regex: str, body: str, content_type: str = "application/json") -> None:
+        """Requests whose path matches get ``body`` with 200: not what the API would send."""
+        self.faults.append((re.compile(path_regex), Fault(body=body, content_type=content_type)))
 
     def delay(self, path_regex: str, seconds: float) -> None:
         """Requests whose path matches are answered after ``seconds``."""
@@ -150,6 +158,8 @@ class FakeKubernetes:
                     # Cut short by stop(), so a slow route never holds up a test's teardown.
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), fault.delay_s)
+                if fault.body is not None:
+                    return web.Response(text=fault.body, content_type=fault.content_type)
                 if fault.status:
                     reason = _REASONS.get(fault.status, "InternalError")
                     return web.json_response(

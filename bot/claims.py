@@ -1,13 +1,14 @@
-"""Claims across replicas: the lease an answering replica keeps on its event, and the sweeper that
+"""Claims across replicas: the leases an answering replica keeps on its events, and the sweeper that
 notes the answers of a replica that died mid-answer.
 
 Every replica receives every event (Slack retries and several Socket Mode connections, every
 Mattermost websocket, the same Alertmanager webhook); the store's claim (one INSERT the primary key
 lets succeed once) picks the one that answers. That claim is leased (``store.claim_lease_s``):
-:class:`LeaseKeeper` renews it every third of the lease while the answer runs and releases it when
-the answer ends, however it ends. A replica killed with SIGKILL (OOM, node loss) releases nothing:
-its lease runs out, and :class:`ClaimSweeper` on any replica still running (or on the restarted one,
-which is a new owner) takes the claim over (an UPDATE only one replica wins), posts
+:class:`ClaimSweeper` renews every lease of its process every quarter of the lease (one UPDATE,
+however many answers run), and the pipeline releases a claim when its answer ends, however it ends
+(queued with the request row). A replica killed with SIGKILL (OOM, node loss) renews and releases
+nothing: its leases run out, and the sweeper of any replica still running (or of the restarted one,
+which is a new owner) takes each claim over (an UPDATE only one replica wins), posts
 :data:`INTERRUPTED_TEXT` in the answer's thread and writes the request row with status
 ``interrupted``, within about 1.25 leases of the kill.
 """
@@ -40,55 +41,15 @@ class ThreadPoster(Protocol):
         """Post a plain message (into ``thread_id``'s thread); returns its id."""
 
 
-class LeaseKeeper:
-    """Keeps this process's lease on one claimed event while its answer runs."""
-
-    def __init__(self, store: Store, platform: str, event_id: str) -> None:
-        self.store = store
-        self.platform = platform
-        self.event_id = event_id
-        self._task: asyncio.Task[None] | None = None
-        self._located: dict[str, str | None] = {}
-        self._wake = asyncio.Event()
-
-    def start(self) -> None:
-        """Renew in the background every third of the lease (needs a running loop)."""
-        self._task = asyncio.create_task(self._renew_forever(), name=f"lease-{self.event_id[:40]}")
-
-    def locate(self, **where: str | None) -> None:
-        """Record where the answer now lives (``thread_id``, ``scenario``, ``lane``) with the next
-        renewal, which happens at once: the sweeper then notes the answer in the right thread."""
-        self._located.update(where)
-        self._wake.set()
-
-    async def _renew_forever(self) -> None:
-        every = self.store.claim_lease_s / 3
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(every):
-                    await self._wake.wait()
-            self._wake.clear()
-            located, self._located = self._located, {}
-            if not await self.store.renew_claim(self.platform, self.event_id, **located):
-                logger.debug("lease on %s:%s not renewed", self.platform, self.event_id)
-
-    async def release(self) -> None:
-        """Stop renewing and end the lease (the answer is complete or noted as stopped)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.store.release_claim(self.platform, self.event_id)
-
-
 class ClaimSweeper:
-    """Finds leases that ran out and notes their answers as interrupted (one replica per answer)."""
+    """Renews this process's leases; finds other processes' leases that ran out and notes their
+    answers as interrupted (one replica per answer)."""
 
     def __init__(self, store: Store, adapters: Mapping[str, ThreadPoster]) -> None:
         self.store = store
         self.adapters = dict(adapters)
         self.interval_s = store.claim_lease_s / 4
-        """Seconds between two sweeps: a quarter of the lease."""
+        """Seconds between two renewals and sweeps: a quarter of the lease."""
         self.noted = 0
         """Interrupted answers this process noted."""
         self._task: asyncio.Task[None] | None = None
@@ -108,6 +69,7 @@ class ClaimSweeper:
     async def _sweep_forever(self) -> None:
         while True:
             try:
+                await self.store.renew_leases()
                 await self.sweep()
             except StoreError as exc:  # the database is down: the leases wait for it
                 logger.debug("claim sweep skipped: %s", exc)

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from bot import metrics, postmortem
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
-from bot.claims import LeaseKeeper
 from bot.config import ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -113,7 +112,6 @@ class Pipeline:
         self.thread = thread or ThreadSettings()
         """How the chat thread is read back as context (``[thread]``)."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._leases: dict[str, LeaseKeeper] = {}
 
     # -- work in flight ----------------------------------------------------------------------
     def submit(self, message: IncomingMessage, adapter: ChatAdapter) -> asyncio.Task[None]:
@@ -165,7 +163,8 @@ class Pipeline:
         with request_scope(message.request_id):
             message.text = redact(message.text)
             # The claim is leased to this replica while it answers: if it dies mid-answer, another
-            # replica notes the answer as interrupted where it was going (bot.claims).
+            # replica notes the answer as interrupted in its thread (bot.claims).
+            scenario = pick_scenario(message)
             lease = Claim(
                 message.platform,
                 message.event_id,
@@ -173,15 +172,13 @@ class Pipeline:
                 channel=message.channel,
                 thread_id=message.thread_id or message.message_id,
                 user=message.user,
+                scenario=scenario,
+                lane=pick_lane(message, scenario).value,
             )
             if not await self.store.claim_event(message.platform, message.event_id, lease):
                 metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
                 logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
                 return
-            keeper = self._leases[message.request_id] = LeaseKeeper(
-                self.store, message.platform, message.event_id
-            )
-            keeper.start()
             try:
                 if await self._refused(message, adapter):
                     return
@@ -195,9 +192,7 @@ class Pipeline:
             except Exception:  # last line of defence: log it, the adapter's loop must go on
                 logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
             finally:
-                self._leases.pop(message.request_id, None)
-                # Shielded: a shutdown's cancel must not leave the lease to expire as if this died.
-                await asyncio.shield(keeper.release())
+                await self.store.release_claim(message.platform, message.event_id)
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a
@@ -342,8 +337,6 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            if (keeper := self._leases.get(request_id)) is not None:
-                keeper.locate(thread_id=reply.thread_id, scenario=scenario, lane=lane.value)
             await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.

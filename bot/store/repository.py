@@ -193,7 +193,7 @@ class Store:
 
         The claim is an INSERT that the table's primary key lets succeed once. With ``lease`` (an
         answer: its request id and where it goes) the claim is leased to this process for
-        ``store.claim_lease_s``: keep it with :meth:`renew_claim`, end it with :meth:`release_claim`.
+        ``store.claim_lease_s`` (:meth:`renew_leases` keeps all of them; :meth:`release_claim` ends one).
         While the database is down, an in-process set decides (this replica keeps answering) and
         the claim is queued, unleased, so other replicas see it once the database is back.
         """
@@ -228,46 +228,30 @@ class Store:
         self._buffer.put(PendingClaim(platform, event_id))
         return True
 
-    async def renew_claim(self, platform: str, event_id: str, **located: str | None) -> bool:
-        """Extend this process's lease on an event by ``store.claim_lease_s`` from now; ``located``
-        (``channel``, ``thread_id``, ``scenario``, ``lane``) records where the answer now lives.
+    async def renew_leases(self) -> int:
+        """Extend every lease this process holds by ``store.claim_lease_s`` from now, in one
+        statement however many answers run; how many it renewed.
 
-        False when the lease is no longer this process's (another replica took it over after it ran
-        out) or the database cannot be reached (logged; the answer goes on either way).
+        Raises :class:`StoreError` when the database cannot be reached (the leases then run out
+        unless a later renewal gets through).
         """
-        values: dict[str, Any] = {"lease_until": utcnow() + timedelta(seconds=self._settings.claim_lease_s)}
-        values.update({k: v for k, v in located.items() if v is not None})
         stmt = (
             update(_EVENTS)
-            .where(
-                _EVENTS.c.platform == platform,
-                _EVENTS.c.event_id == event_id,
-                _EVENTS.c.owner == self.owner,
-                _EVENTS.c.state == "answering",
-            )
-            .values(**values)
+            .where(_EVENTS.c.owner == self.owner, _EVENTS.c.state == "answering")
+            .values(lease_until=utcnow() + timedelta(seconds=self._settings.claim_lease_s))
         )
-        if not self._buffer.up:
-            return False
         try:
-            return await self._call(self._execute(stmt)) == 1
+            return await self._call(self._execute(stmt))
         except Exception as error:
-            self._read_failed("renew_claim", error)
-            return False
+            raise unreachable(self._engine.url, error) from None
 
     async def release_claim(self, platform: str, event_id: str) -> None:
-        """End this process's lease: the event is answered (or noted as stopped); never raises.
+        """End this process's lease on an event (answered, or noted as stopped); never waits.
 
-        Queued when the database is down, so the claim is never taken for a dead replica's.
+        Queued with the request row, so both land in one transaction: a replica killed before that
+        write leaves an expired lease and no row, and another replica writes both.
         """
-        release = PendingRelease(platform, event_id, self.owner)
-        if self._buffer.up:
-            try:
-                await self._call(self._execute(self._release(release)))
-                return
-            except Exception as error:
-                self._read_failed("release_claim", error)
-        self._buffer.put(release)
+        self._buffer.put(PendingRelease(platform, event_id, self.owner))
 
     @staticmethod
     def _release(release: PendingRelease) -> Any:
@@ -283,13 +267,18 @@ class Store:
         )
 
     async def expired_claims(self, limit: int = 100) -> list[Claim]:
-        """Leased claims whose lease ran out (their replica died mid-answer), oldest first.
+        """Other processes' leased claims whose lease ran out (their replica died mid-answer), oldest first.
 
         Raises :class:`StoreError` when the database cannot be read (the sweeper tries again later).
         """
         stmt = (
             select(_EVENTS)
-            .where(_EVENTS.c.state == "answering", _EVENTS.c.lease_until < utcnow())
+            .where(
+                _EVENTS.c.state == "answering",
+                _EVENTS.c.lease_until < utcnow(),
+                # This process's own answers are alive as long as it is.
+                _EVENTS.c.owner != self.owner,
+            )
             .order_by(_EVENTS.c.lease_until)
             .limit(limit)
         )

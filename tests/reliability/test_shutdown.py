@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ANSWERS = 50
 QUESTIONS = ("hello, how are things?", "why is checkout failing?")
-DRAIN_S = 10.0
+DRAIN_S = 15.0
 FOOTER_MARK = "request `"
 SCENARIOS = {
     # half the questions are short enough to finish inside the drain, the "why" half is not
-    "chat": {"max_tokens": 200, "ignore_eos": True},
+    "chat": {"max_tokens": 80, "ignore_eos": True},
     "root_cause": {"max_tokens": 3000, "ignore_eos": True},
 }
 

@@ -202,10 +202,10 @@ class StoreSettings(ConfigSection):
     connect_timeout_s: float = Field(5.0, gt=0)
     """Seconds to wait for a database connection."""
     claim_lease_s: float = Field(20.0, gt=0, le=600)
-    """Seconds an answering replica's claim on an event lasts unless renewed (it is renewed every
-    third of this while the answer streams). A replica killed mid-answer leaves its lease to run out;
-    another replica (or the restarted one) then notes the answer as interrupted in its thread, within
-    about 1.25 x this many seconds of the kill (the sweep runs every quarter of the lease)."""
+    """Seconds an answering replica's claim on an event lasts unless renewed (each replica renews all
+    of its leases every quarter of this while its answers run). A replica killed mid-answer leaves
+    its leases to run out; another replica (or the restarted one) then notes each such answer as
+    interrupted in its thread, within about 1.25 x this many seconds of the kill."""
 
     @model_validator(mode="before")
     @classmethod

@@ -21,10 +21,13 @@ from fakes.slack_server import FakeSlack
 from sqlalchemy.engine import make_url
 
 from bot.claims import INTERRUPTED_TEXT
+from bot.config import StoreSettings
+from bot.store import AlertThread, Store
+from bot.store.records import Claim
 from reliability.botproc import BotProcess, base_env
 from reliability.helpers import alert_payload, poll
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
 
 FOOTER_MARK = "request `"
 LEASE_S = 3.0
@@ -73,6 +76,7 @@ def env_for(tmp_path: Path, model: Path, pg_url: str, slack: FakeSlack, mm: Fake
     return env
 
 
+@pytest.mark.slow
 async def test_two_replicas_answer_each_event_once_and_note_a_killed_replicas_answer(
     tiny_model: Path, tmp_path: Path, pg_url: str
 ) -> None:
@@ -210,3 +214,43 @@ async def test_two_replicas_answer_each_event_once_and_note_a_killed_replicas_an
         finally:
             for proc in running:
                 await proc.stop()
+
+
+async def test_two_replicas_racing_for_a_dead_lease_or_an_alert_change_have_one_winner(pg_url: str) -> None:
+    """The database rules the claim test above relies on, raced directly: one take-over of an expired
+    lease, one opener of an alert group, one compare-and-set of its resolve."""
+    settings = StoreSettings(claim_lease_s=0.2)
+    dead = await Store.open(pg_url, settings)
+    lease = Claim(
+        "mattermost", "E1", request_id="r1", channel="C1", thread_id="T1", scenario="chat", lane="normal"
+    )
+    assert await dead.claim_event("mattermost", "E1", lease)
+    await dead.close()  # it renews nothing from now on, as if killed
+    a, b = (
+        await Store.open(pg_url, settings, upgrade=False),
+        await Store.open(pg_url, settings, upgrade=False),
+    )
+    try:
+        assert await a.expired_claims() == []  # not yet: the lease still runs
+        await asyncio.sleep(0.3)
+        (found_a,), (found_b,) = await a.expired_claims(), await b.expired_claims()
+        assert (found_a.request_id, found_a.thread_id, found_a.owner) == ("r1", "T1", dead.owner)
+        wins = await asyncio.gather(a.take_over_claim(found_a), b.take_over_claim(found_b))
+        assert sorted(wins) == [False, True]
+        assert await a.expired_claims() == [] and await b.expired_claims() == []
+
+        group = AlertThread("g", "mattermost", "C1", "", "opening", ["f1"])
+        opened = await asyncio.gather(a.open_alert_thread(group), b.open_alert_thread(group))
+        assert sorted(o is None for o in opened) == [False, True]  # one opener, one sees its row
+        firing = AlertThread("g", "mattermost", "C1", "T9", "firing", ["f1"])
+        assert await a.update_alert_thread(firing)
+        seen_a, seen_b = await a.get_alert_thread("g"), await b.get_alert_thread("g")
+        assert seen_a == seen_b == firing
+        resolved = AlertThread("g", "mattermost", "C1", "T9", "resolved", [])
+        cas = await asyncio.gather(
+            a.update_alert_thread(resolved, expect=seen_a), b.update_alert_thread(resolved, expect=seen_b)
+        )
+        assert sorted(cas) == [False, True]  # one resolve note, not two
+    finally:
+        await a.close()
+        await b.close()

@@ -21,6 +21,7 @@ from aiohttp import web
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
+from bot.claims import ClaimSweeper
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine_set
@@ -58,6 +59,7 @@ class OpsBot:
         self.http_port: int | None = None
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
+        self.sweeper: ClaimSweeper | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -136,6 +138,9 @@ class OpsBot:
             self.progress(f"{adapter.platform} adapter connected")
         if self.slo is not None:
             self.slo.attach({adapter.platform: adapter for adapter in self.adapters})
+        # Answers a dead replica (or this one's previous run) left half-done get their note.
+        self.sweeper = ClaimSweeper(self.store, {adapter.platform: adapter for adapter in self.adapters})
+        self.sweeper.start()
 
     def _alert_receiver(self, adapters: list[ChatAdapter]) -> AlertmanagerReceiver | None:
         if not self.settings.alertmanager.enabled:
@@ -165,6 +170,8 @@ class OpsBot:
     async def shutdown(self) -> None:
         """Stop taking messages, drain every answer in flight (one deadline), close everything."""
         await self._each_adapter("stop")
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         if self.alert_receiver is not None:
             self.alert_receiver.stop()
         if self.analyze is not None:

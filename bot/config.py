@@ -202,6 +202,11 @@ class StoreSettings(ConfigSection):
     """SQLite busy_timeout for concurrent writers."""
     connect_timeout_s: float = Field(5.0, gt=0)
     """Seconds to wait for a database connection."""
+    claim_lease_s: float = Field(20.0, gt=0, le=600)
+    """Seconds an answering replica's claim on an event lasts unless renewed (each replica renews all
+    of its leases every quarter of this while its answers run). A replica killed mid-answer leaves
+    its leases to run out; another replica (or the restarted one) then notes each such answer as
+    interrupted in its thread, within about 1.25 x this many seconds of the kill."""
 
     @model_validator(mode="before")
     @classmethod
@@ -477,6 +482,16 @@ class AlertmanagerSettings(ConfigSection):
     """Bearer token the receiver requires (unset: none)."""
     targets: list[str] = Field(default_factory=list)
     """Where summaries go, as ``platform:channel`` (``slack:C123``, ``mattermost:abc``)."""
+    storm_threshold: int | None = Field(6, ge=1)
+    """Alert storms: new alert groups one target channel gets a thread of its own each within
+    ``storm_window_s``; further new groups join one storm thread ("N alert groups firing") with a
+    one-line summary per group and one analysis for all of them. ``None``: never coalesce."""
+    storm_window_s: float = Field(60.0, gt=0)
+    """Alert storms: the window new groups are counted in; a storm thread takes new groups until
+    this long passes without one."""
+    storm_settle_s: float = Field(5.0, ge=0)
+    """Alert storms: seconds without a new group joining before the storm's one analysis starts
+    (groups that join later get a further analysis of their own)."""
 
 
 class ContextSettings(ConfigSection):

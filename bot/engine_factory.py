@@ -139,16 +139,17 @@ def build_engine(
     elif backend == "llamacpp":
         from inference.llamacpp_engine import LlamaCppEngine
 
-        inner = LlamaCppEngine(config)
+        inner = LlamaCppEngine(config, on_dead=functools.partial(_engine_died, engine), on_fatal=on_fatal)
     else:
         from inference.cpu_engine import CpuEngine
 
-        inner = CpuEngine(config)
+        inner = CpuEngine(config, on_dead=functools.partial(_engine_died, engine), on_fatal=on_fatal)
     logger.info("engine %s backend: %s", engine, backend)
     return AdmittedEngine(
         inner,
         settings.admission,
         request_timeout_s=config.request_timeout_s,
+        stall_timeout_s=config.stall_timeout_s,
         on_queue_change=functools.partial(_export_queues, engine),
     )
 

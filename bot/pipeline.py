@@ -42,7 +42,7 @@ from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage, replay
-from bot.store.records import percentile
+from bot.store.records import Claim, percentile
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 from inference.context import request_scope
 from inference.engine import (
@@ -176,7 +176,20 @@ class Pipeline:
         """Answer ``message`` through ``adapter`` now; never raises for a per-message problem."""
         with request_scope(message.request_id):
             message.text = redact(message.text)
-            if not await self.store.claim_event(message.platform, message.event_id):
+            # The claim is leased to this replica while it answers: if it dies mid-answer, another
+            # replica notes the answer as interrupted in its thread (bot.claims).
+            scenario = pick_scenario(message)
+            lease = Claim(
+                message.platform,
+                message.event_id,
+                request_id=message.request_id,
+                channel=message.channel,
+                thread_id=message.thread_id or message.message_id,
+                user=message.user,
+                scenario=scenario,
+                lane=pick_lane(message, scenario).value,
+            )
+            if not await self.store.claim_event(message.platform, message.event_id, lease):
                 metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
                 logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
                 return
@@ -192,6 +205,8 @@ class Pipeline:
                 await self._answer(message, adapter)
             except Exception:  # last line of defence: log it, the adapter's loop must go on
                 logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+            finally:
+                await self.store.release_claim(message.platform, message.event_id)
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a

@@ -33,6 +33,12 @@ admits waiting requests at once.
 :class:`AdmittedEngine` is also the one layer that enforces the request deadline
 (``engine.request_timeout_s``), for every backend alike: a generation still running that long
 after its admission is aborted in the inner engine and fails with :class:`RequestTimeoutError`.
+
+And it is the engine's **watchdog** (``engine.stall_timeout_s``): when requests are in flight and
+the engine produced no event for any of them for that long, the engine is hung. The inner engine
+is told (:meth:`Engine.declare_dead`: it fails what it runs and restarts or gives up, as for a
+crash) and every stalled stream fails with :class:`EngineDeadError`. A request that is only
+waiting its turn inside the engine is not stalled while others make progress.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from inference.engine import (
     ChatMessage,
     ChatTokenizer,
     Engine,
+    EngineDeadError,
     EngineHealth,
     EngineOverloadedError,
     EngineStats,
@@ -344,6 +351,7 @@ class AdmittedEngine(Engine):
         config: AdmissionConfig | None = None,
         *,
         request_timeout_s: float | None = None,
+        stall_timeout_s: float | None = None,
         on_queue_change: QueueListener | None = None,
     ) -> None:
         self.inner = inner
@@ -351,7 +359,13 @@ class AdmittedEngine(Engine):
             config, on_change=on_queue_change, kv_usage=lambda: inner.stats().kv_cache_usage
         )
         self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        """Seconds without any event from the engine, while requests are in flight, that make it hung."""
         self.backend = inner.backend
+        self.stalls = 0
+        """Times the watchdog found the engine hung."""
+        self._streaming = 0
+        self._progress_at = 0.0
 
     async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
         """Start the inner engine (with its warm-up)."""
@@ -381,13 +395,16 @@ class AdmittedEngine(Engine):
                 )
             offset_ms = (time.perf_counter() - t0) * 1e3
             stream = self.inner.generate(request)
+            loop = asyncio.get_running_loop()
             timeout = self.request_timeout_s
-            deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+            deadline = None if timeout is None else loop.time() + timeout
+            if self._streaming == 0:  # idle time before this request is no stall
+                self._progress_at = loop.time()
+            self._streaming += 1
             try:
                 while True:
                     try:
-                        async with asyncio.timeout_at(deadline):
-                            event = await anext(stream)
+                        event = await self._next(stream, request.request_id, deadline)
                     except StopAsyncIteration:
                         break
                     except TimeoutError:
@@ -398,6 +415,7 @@ class AdmittedEngine(Engine):
                             timeout,
                         )
                         raise RequestTimeoutError(request.request_id, timeout) from None
+                    self._progress_at = loop.time()
                     ticket.first_token()
                     if isinstance(event, GenerationResult):
                         event = replace(
@@ -408,12 +426,60 @@ class AdmittedEngine(Engine):
                         )
                     yield event
             finally:
+                self._streaming -= 1
                 # Closing the inner stream aborts the request there when it has not finished.
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
                     await aclose()
         finally:
             ticket.release()
+
+    async def _next(
+        self, stream: AsyncIterator[GenerationEvent], request_id: str, deadline: float | None
+    ) -> GenerationEvent:
+        """The stream's next event; ``TimeoutError`` at ``deadline``; :class:`EngineDeadError` when
+        the watchdog finds the engine hung while waiting for it."""
+        stall = self.stall_timeout_s
+        if stall is None:
+            async with asyncio.timeout_at(deadline):
+                return await anext(stream)
+        loop = asyncio.get_running_loop()
+        # The next event is awaited in its own task: a stall check must not cancel (and so abort) it.
+        pending = asyncio.ensure_future(anext(stream))
+        try:
+            while True:
+                wake = self._progress_at + stall
+                if deadline is not None:
+                    wake = min(wake, deadline)
+                done, _ = await asyncio.wait({pending}, timeout=max(0.0, wake - loop.time()))
+                if done:
+                    return pending.result()
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError
+                if now - self._progress_at >= stall:
+                    raise self._hung(request_id, now - self._progress_at)
+                # Another request's tokens arrived meanwhile: this one only waits its turn.
+        finally:
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+
+    def _hung(self, request_id: str, silent_s: float) -> EngineDeadError:
+        reason = f"no token for {silent_s:.0f} s (engine.stall_timeout_s = {self.stall_timeout_s:g})"
+        if self.inner.health().ready:  # the first stalled stream tells the engine; the rest only fail
+            self.stalls += 1
+            logger.error("engine watchdog: the engine is hung (%s); handling it as dead", reason)
+            if not self.inner.declare_dead(f"hung: {reason}"):
+                logger.error(
+                    "the %s engine cannot be restarted in-process; only its requests fail", self.backend
+                )
+        return EngineDeadError(f"the model engine is hung ({reason}); request {request_id} stopped")
+
+    def declare_dead(self, reason: str) -> bool:
+        """Tell the inner engine (see :meth:`Engine.declare_dead`)."""
+        return self.inner.declare_dead(reason)
 
     async def abort(self, request_id: str) -> None:
         """Drop the request from its admission queue, or abort it in the inner engine."""

@@ -88,6 +88,10 @@ class EngineConfig(ConfigSection):
     drain_timeout_s: float = Field(30.0, ge=0)
     """Graceful shutdown: seconds answers in flight may still run before they are stopped (the one
     shutdown deadline for every adapter, receiver and the engine)."""
+    stall_timeout_s: float | None = Field(60.0, gt=0)
+    """Watchdog: an engine that produced no token for any request in flight for this many seconds is
+    hung and handled as dead (every request in flight fails with a clear message, then restart or
+    exit per ``on_dead``); ``None``: no watchdog. Longer than the slowest prefill you expect."""
     request_timeout_s: float | None = Field(300.0, gt=0)
     """A generation running longer than this (from admission to its last token) is aborted;
     ``None``: never (benchmarks)."""

@@ -6,6 +6,14 @@ and none blocks the event loop or another request. Requests waiting for a worker
 lane (urgent first), then in arrival order. Deltas cross from the worker to the event loop with
 ``loop.call_soon_threadsafe`` into the request's ``asyncio.Queue``.
 
+A failure of the model itself (an exception from a forward pass: a kernel error, out of memory, a
+corrupted cache) kills the engine, not just one request: every request in flight fails at once
+with :class:`EngineDeadError`, :meth:`health` turns not ready, and the engine reloads the model
+(``engine.on_dead = "restart"``, up to ``engine.max_restarts`` times) or calls ``on_fatal`` (the bot
+exits non-zero). :meth:`declare_dead` does the same for a watchdog that found the engine hung.
+Refusals of one request's input (an empty or too long prompt) stay that request's
+:class:`EngineGenerateError`.
+
 There is no batching and no prefix cache: this engine is for development, CI and small models;
 production throughput comes from the vLLM engine behind the same interface.
 """
@@ -22,7 +30,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +84,7 @@ class _Request:
     finished: bool = False
     kv_tokens: int = 0
     """Positions in the request's KV cache (prompt + generated so far), for ``kv_cache_usage``."""
-    failure: EngineGenerateError | None = None
+    failure: EngineGenerateError | EngineDeadError | None = None
     """Set on the event loop by an abort: the stream raises it instead of any queued text."""
 
     @property
@@ -106,10 +114,18 @@ class CpuEngine(Engine):
     _label = "CPU engine"
     """How log lines and health reasons name this engine (subclasses share the request machinery)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        on_dead: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         """``config`` is the one engine configuration; this engine reads ``model``, ``tokenizer``,
         ``revision``, ``trust_remote_code``, ``dtype``, ``cpu_threads``, ``cpu_max_concurrency``,
-        ``seed`` and ``max_model_len`` (capped at the model's ``max_position_embeddings``)."""
+        ``seed``, ``max_model_len`` (capped at the model's ``max_position_embeddings``), ``on_dead``
+        and ``max_restarts``. ``on_dead(reason)`` is called whenever the engine dies (before any
+        restart); ``on_fatal(reason)`` when it will not be restarted (the caller shuts down)."""
         if config.cpu_max_concurrency < 1:
             raise ValueError("cpu_max_concurrency must be at least 1")
         if config.dtype not in _DTYPES:
@@ -125,8 +141,14 @@ class CpuEngine(Engine):
         # Fast tokenizers raise "Already borrowed" when two threads encode at once.
         self._render_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._state = "new"  # new | loading | ready | failed | stopping | stopped
+        self._state = "new"  # new | loading | ready | failed | dead | restarting | stopping | stopped
         self._failure = ""
+        self._on_dead = on_dead
+        self._on_fatal = on_fatal
+        self._restarts = 0
+        self._restart_task: asyncio.Task[None] | None = None
+        self._warmup: Sequence[ChatMessage] = ()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._requests: dict[str, _Request] = {}
         self._waiting: list[tuple[int, int, _Request]] = []  # heap: (lane rank, arrival, request)
@@ -145,6 +167,8 @@ class CpuEngine(Engine):
         if self._state != "new":
             raise EngineStartupError(f"the {self._label} cannot start twice (it is {self._state})")
         self._state = "loading"
+        self._warmup = tuple(warmup_messages)
+        self._loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
             await asyncio.to_thread(self._load, warmup_messages)
@@ -262,6 +286,10 @@ class CpuEngine(Engine):
             return
         was = self._state
         self._state = "stopping"
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._restart_task
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
         with self._lock:
@@ -300,6 +328,8 @@ class CpuEngine(Engine):
             "failed": f"the {self._label} failed to start: {self._failure}",
             "stopping": f"the {self._label} is shutting down",
             "stopped": f"the {self._label} is shut down",
+            "dead": f"the {self._label} died: {self._failure}",
+            "restarting": f"the {self._label} is restarting after: {self._failure}",
         }
         if self._state == "ready":
             return EngineHealth(ready=True)
@@ -337,6 +367,76 @@ class CpuEngine(Engine):
             raise EngineDeadError(f"the {self._label} has no tokenizer yet: call start() first")
         return self._tokenizer
 
+    # --- death and restart -----------------------------------------------------------------------
+
+    def declare_dead(self, reason: str) -> bool:
+        """The engine is dead (a model failure, or a watchdog found it hung): fail every request in
+        flight now with :class:`EngineDeadError`, then restart or give up as configured. Runs on the
+        event loop; a second call while dead or restarting does nothing."""
+        if self._state != "ready":
+            return True
+        self._state, self._failure = "dead", reason
+        with self._lock:
+            doomed = list(self._requests.values())
+        logger.error("%s died: %s; %d request(s) in flight fail", self._label, reason, len(doomed))
+        for req in doomed:
+            req.abort("the engine died")
+            if not req.finished and req.failure is None:
+                failure = EngineDeadError(f"the model engine stopped while answering ({reason})")
+                req.failure = failure
+                req.queue.put_nowait(_Failure(failure))
+            self._forget(req)
+        with self._lock:
+            self._waiting.clear()
+        if self._on_dead is not None:
+            try:
+                self._on_dead(reason)
+            except Exception:
+                logger.exception("on_dead callback failed")
+        if self.config.on_dead == "restart" and self._restarts < self.config.max_restarts:
+            self._restart_task = asyncio.get_running_loop().create_task(
+                self._restart(), name="cpu-engine-restart"
+            )
+        else:
+            why = "engine.on_dead is exit" if self.config.on_dead == "exit" else "no restart left"
+            self._give_up(f"{reason} ({why})")
+        return True
+
+    def _died_in_worker(self, reason: str) -> None:
+        """A worker thread met a model failure: declare the engine dead on the event loop."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody to tell
+                loop.call_soon_threadsafe(self.declare_dead, reason)
+
+    async def _restart(self) -> None:
+        self._restarts += 1
+        self._state = "restarting"
+        logger.warning(
+            "%s restarting (restart %d of %d)", self._label, self._restarts, self.config.max_restarts
+        )
+        started = time.perf_counter()
+        old, self._executor = self._executor, None
+        if old is not None:
+            # A hung worker cannot be joined; its request is aborted and it ends when it can.
+            old.shutdown(wait=False, cancel_futures=True)
+        try:
+            await asyncio.to_thread(self._load, self._warmup)
+        except Exception as exc:
+            self._state = "dead"
+            self._give_up(f"restart failed: {type(exc).__name__}: {exc}")
+            return
+        if self._state != "restarting":  # shut down meanwhile
+            return
+        self._executor = ThreadPoolExecutor(self.config.cpu_max_concurrency, thread_name_prefix="opsbot-cpu")
+        self._state = "ready"
+        logger.warning("%s restarted in %.1f s", self._label, time.perf_counter() - started)
+
+    def _give_up(self, reason: str) -> None:
+        logger.critical("%s is gone: %s", self._label, reason)
+        if self._on_fatal is not None:
+            self._on_fatal(reason)
+
     # --- requests --------------------------------------------------------------------------------
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -365,6 +465,10 @@ class CpuEngine(Engine):
         if self._state != "ready":
             if self._state in ("stopping", "stopped"):
                 raise RequestAbortedError(f"request {request.request_id}: the engine is shutting down")
+            if self._state in ("dead", "restarting"):
+                raise EngineDeadError(
+                    f"the model engine is down ({self.health().reason}); try again in a minute"
+                )
             raise EngineDeadError(self.health().reason)
         loop = asyncio.get_running_loop()
         req = _Request(request=request, loop=loop, queue=asyncio.Queue(), created=created)
@@ -420,8 +524,11 @@ class CpuEngine(Engine):
             logger.warning("%s request %s refused: %s", self._label, req.request_id, exc)
             req.post(_Failure(exc))
         except Exception as exc:
-            logger.exception("%s request %s failed", self._label, req.request_id)
-            req.post(_Failure(EngineGenerateError(f"generation failed: {type(exc).__name__}: {exc}")))
+            # The model itself failed: the engine's state is unknown, so it is dead for everyone.
+            logger.exception("%s request %s failed in the model", self._label, req.request_id)
+            reason = f"{type(exc).__name__}: {exc}"
+            req.post(_Failure(EngineDeadError(f"the model engine stopped while answering ({reason})")))
+            self._died_in_worker(reason)
         finally:
             self._forget(req)
 

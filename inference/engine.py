@@ -216,6 +216,11 @@ class Engine(abc.ABC):
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         """Stop taking requests, let in-flight ones finish up to the deadline, then release."""
 
+    def declare_dead(self, reason: str) -> bool:
+        """A watchdog found the engine hung: handle it as dead (fail what is in flight, restart or
+        give up as configured). False: this engine cannot (only the stalled requests fail)."""
+        return False
+
     @property
     @abc.abstractmethod
     def tokenizer(self) -> ChatTokenizer:

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,10 +202,17 @@ class LlamaCppEngine(CpuEngine):
     backend = "llamacpp"
     _label = "llama.cpp engine"
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        on_dead: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         """Reads ``model`` (+ ``gguf_file``), ``cpu_max_concurrency`` (slots), ``cpu_threads``,
-        ``llamacpp_n_batch``, ``max_model_len`` (capped at the model's training context) and ``seed``."""
-        super().__init__(config)
+        ``llamacpp_n_batch``, ``max_model_len`` (capped at the model's training context) and ``seed``;
+        ``on_dead`` / ``on_fatal`` and restarts as the CPU engine."""
+        super().__init__(config, on_dead=on_dead, on_fatal=on_fatal)
         self.gguf_path: Path | None = None
         self._slots: list[_Slot] = []
         self._slot_lock = threading.Lock()

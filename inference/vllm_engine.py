@@ -762,6 +762,11 @@ class VllmEngine(Engine):
             if self._state == "ready" and llm is not None and llm.errored:
                 self._engine_died("the vLLM engine core process stopped")
 
+    def declare_dead(self, reason: str) -> bool:
+        """A watchdog found the engine hung: handled as a dead engine core (restart or give up)."""
+        self._engine_died(reason)
+        return True
+
     def _engine_died(self, reason: str) -> None:
         if self._state != "ready":
             return

@@ -8,6 +8,21 @@ the group go into the same thread: new firing alerts get a new analysis, alerts 
 short note, and a resolved group a short "resolved" note (never a new analysis). The webhook answers
 200 at once; the work runs in a task the pipeline owns (so shutdown drains it with everything else),
 and a receiver that is stopping answers 503, so Alertmanager retries on another replica.
+
+The group's state (its thread, its status, the fingerprints firing at its last notification) lives
+in the database, not in this process: replicas receiving the same webhook open one thread between
+them (the store's claim on the group, :meth:`~bot.store.Store.open_alert_thread`), change its state
+by compare-and-set (so one of them posts a resolve note), and a resolve after a restart or on
+another replica lands as a short note in the same thread. The analysis itself is claimed by the
+notification's event id like any chat event.
+
+**Alert storms.** A target channel gives ``alertmanager.storm_threshold`` new groups within
+``storm_window_s`` a thread each; beyond that, new groups join one storm thread
+(":rotating_light: N alert groups firing"): each posts a one-line summary there and its thread is
+that storm thread (so its resolve lands there too), and once no group joined for
+``storm_settle_s`` one analysis covers every group that joined, instead of a queue of threads
+and analyses arriving a minute late. (The storm is this replica's view: two replicas sharing a
+storm may each open a storm thread; each group still lands in exactly one.)
 """
 
 from __future__ import annotations
@@ -15,7 +30,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
+from collections import deque
 from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -46,6 +64,16 @@ class AlertThreadStore(Protocol):
 
     async def save_alert_thread(self, thread: AlertThread) -> None:
         """Insert or update a thread."""
+
+    async def open_alert_thread(self, thread: AlertThread) -> AlertThread | None:
+        """Claim the group: ``None`` when this call created its row, else the row there is."""
+
+    async def update_alert_thread(self, thread: AlertThread, *, expect: AlertThread | None = None) -> bool:
+        """Write the thread's state (only if still ``expect``'s, when given); True when written."""
+
+    @property
+    def claim_lease_s(self) -> float:
+        """Seconds after which a group left ``opening`` is taken over."""
 
 
 class PipelineEntry(Protocol):
@@ -86,6 +114,33 @@ def header(payload: Mapping[str, Any]) -> str:
     return redact(text, where="alert")
 
 
+def group_line(payload: Mapping[str, Any]) -> str:
+    """One line summarising a group in a storm thread: name, severity, where, how many, summary."""
+    common = payload.get("commonLabels") or {}
+    name = common.get("alertname") or (payload.get("groupLabels") or {}).get("alertname") or "Alert group"
+    where = " ".join(f"{k}={common[k]}" for k in ("namespace", "service", "deployment", "pod") if k in common)
+    severity = common.get("severity")
+    text = f"• *{name}*" + (f" ({severity})" if severity else "") + f" [{len(firing(payload))} firing]"
+    if where:
+        text += f" {where}"
+    summary = (payload.get("commonAnnotations") or {}).get("summary")
+    if summary:
+        text += f": {summary}"
+    return redact(text, where="alert")
+
+
+@dataclass
+class _Storm:
+    """A storm thread in one target channel and the groups waiting for its next analysis."""
+
+    thread_id: str
+    joined: int = 0
+    last_join: float = 0.0
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+    analyses: int = 0
+    settle: asyncio.Future[None] | None = None
+
+
 class AlertmanagerReceiver:
     """``POST /alertmanager``: one chat thread per alert group."""
 
@@ -104,9 +159,12 @@ class AlertmanagerReceiver:
         self.accepting = True
         """False once :meth:`stop` ran: new notifications are answered 503 (Alertmanager retries)."""
         self._locks: dict[str, asyncio.Lock] = {}
-        # Fingerprints firing at the last notification of each group (this process only): tells a
-        # re-fire with new alerts (new analysis) from a partial resolve (short note).
-        self._firing: dict[str, set[str]] = {}
+        self._new_groups: dict[tuple[str, str], deque[float]] = {}
+        """When each target channel last opened group threads (within the storm window)."""
+        self._storms: dict[tuple[str, str], _Storm] = {}
+        self._storm_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.coalesced = 0
+        """Groups that joined a storm thread instead of opening their own."""
 
     @staticmethod
     def _targets(targets: list[str]) -> list[tuple[str, str]]:
@@ -163,7 +221,6 @@ class AlertmanagerReceiver:
                     message = await self._for_target(payload, index, adapter, channel)
                     if message is not None:
                         answers.append((message, adapter))
-                self._firing[group_key] = {fingerprint(a) for a in firing(payload)}
                 # The analyses of all targets run together; the group's next notification waits for
                 # them, so a resolve note never lands above the summary it resolves.
                 outcomes = await asyncio.gather(
@@ -194,44 +251,52 @@ class AlertmanagerReceiver:
         """Post what this notification needs in one target; the message to analyse, if any."""
         group_key: str = payload["groupKey"]
         key = self.thread_key(group_key, index)
-        thread = await self.store.get_alert_thread(key)
         status: str = payload["status"]
+        now_firing = sorted({fingerprint(a) for a in firing(payload)})
         if status == "resolved":
+            thread = await self._opened(await self.store.get_alert_thread(key))
             if thread is None:
                 logger.info(
                     "resolved alert group %s has no thread; nothing to do", redact(group_key, where="log")
                 )
                 return None
-            if thread.status != "resolved":
+            resolved = replace(thread, status="resolved", firing=[])
+            # Compare-and-set: of two replicas given the same resolve, one posts the note.
+            if thread.status != "resolved" and await self.store.update_alert_thread(resolved, expect=thread):
                 await adapter.post_to_channel(thread.channel, self._resolved_text(payload), thread.thread_id)
-                thread.status = "resolved"
-                await self.store.save_alert_thread(thread)
             return None
-        now_firing = {fingerprint(a) for a in firing(payload)}
-        if thread is None:
+        opening = AlertThread(key, adapter.platform, channel, "", "opening", now_firing)
+        found = await self.store.open_alert_thread(opening)
+        if found is None:  # this replica opened the group: post its header
+            storm = await self._storm_for(adapter, channel)
+            if storm is not None:
+                await self._join_storm(storm, payload, opening, adapter, channel)
+                return None
             thread_id = await adapter.post_to_channel(channel, header(payload))
-            thread = AlertThread(
-                group_key=key,
-                platform=adapter.platform,
-                channel=channel,
-                thread_id=thread_id,
-                status="firing",
-            )
-            await self.store.save_alert_thread(thread)
+            thread = replace(opening, thread_id=thread_id, status="firing")
+            await self.store.update_alert_thread(thread)
         else:
-            before = self._firing.get(group_key)
-            if before is not None and thread.status == "firing" and now_firing <= before:
-                gone = before - now_firing
-                if gone:
+            opened = await self._opened(found)
+            if opened is None:
+                logger.warning(
+                    "alert group %s: another replica is still opening its thread; skipped",
+                    redact(group_key, where="log"),
+                )
+                return None
+            thread = opened
+            before = set(thread.firing) if thread.firing is not None else None
+            if before is not None and thread.status == "firing" and set(now_firing) <= before:
+                gone = before - set(now_firing)
+                now = replace(thread, firing=now_firing)
+                if gone and await self.store.update_alert_thread(now, expect=thread):
                     text = (
                         f":white_check_mark: {len(gone)} alert(s) of this group resolved; "
                         f"{len(now_firing)} still firing."
                     )
                     await adapter.post_to_channel(thread.channel, text, thread.thread_id)
                 return None
-            if thread.status != "firing":
-                thread.status = "firing"
-                await self.store.save_alert_thread(thread)
+            thread = replace(thread, status="firing", firing=now_firing)
+            await self.store.update_alert_thread(thread)
         event_id = f"alert:{group_key}:{notification_digest(payload)}"
         if index:
             event_id += f"@{channel}"
@@ -247,6 +312,102 @@ class AlertmanagerReceiver:
             scenario=ALERT_SUMMARY,
             extra={"alert": payload},
         )
+
+    # -- alert storms ----------------------------------------------------------------------
+    async def _storm_for(self, adapter: ChannelPoster, channel: str) -> _Storm | None:
+        """The storm thread a new group in ``channel`` joins, opened now if this group is one too many
+        for the window; ``None``: the group gets a thread of its own (counted)."""
+        threshold = self.settings.alertmanager.storm_threshold
+        if threshold is None:
+            return None
+        window = self.settings.alertmanager.storm_window_s
+        where = (adapter.platform, channel)
+        async with self._storm_locks.setdefault(where, asyncio.Lock()):
+            now = time.monotonic()
+            storm = self._storms.get(where)
+            if storm is not None and now - storm.last_join < window:
+                return storm
+            opened = self._new_groups.setdefault(where, deque())
+            while opened and now - opened[0] >= window:
+                opened.popleft()
+            if len(opened) < threshold:
+                opened.append(now)
+                return None
+            text = (
+                f":rotating_light: Alert storm: more than {threshold} alert groups firing in this channel "
+                f"within {window:g} s. Further groups are summarised in this thread, one line each, "
+                "with one analysis for all of them."
+            )
+            storm = _Storm(thread_id=await adapter.post_to_channel(channel, text), last_join=now)
+            self._storms[where] = storm
+            logger.warning(
+                "alert storm in %s:%s: more than %d new groups in %g s; coalescing into thread %s",
+                adapter.platform,
+                channel,
+                threshold,
+                window,
+                storm.thread_id,
+            )
+            return storm
+
+    async def _join_storm(
+        self,
+        storm: _Storm,
+        payload: dict[str, Any],
+        opening: AlertThread,
+        adapter: ChannelPoster,
+        channel: str,
+    ) -> None:
+        """Post the group's line in the storm thread, make that its thread, queue it for the analysis."""
+        await adapter.post_to_channel(channel, group_line(payload), storm.thread_id)
+        await self.store.update_alert_thread(replace(opening, thread_id=storm.thread_id, status="firing"))
+        storm.joined += 1
+        storm.last_join = time.monotonic()
+        storm.waiting.append(payload)
+        self.coalesced += 1
+        if storm.settle is None or storm.settle.done():
+            storm.settle = self.pipeline.track(
+                self._analyse_storm(storm, adapter, channel), f"alert-storm-{storm.thread_id[:20]}"
+            )
+
+    async def _analyse_storm(self, storm: _Storm, adapter: ChannelPoster, channel: str) -> None:
+        """Once no group joined for ``storm_settle_s``: one analysis of every group that joined."""
+        settle = self.settings.alertmanager.storm_settle_s
+        while (wait := storm.last_join + settle - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        groups, storm.waiting = storm.waiting, []
+        if not groups:
+            return
+        storm.analyses += 1
+        text = f"{len(groups)} alert groups firing in this channel at once:\n\n" + "\n\n".join(
+            describe(p) for p in groups
+        )
+        message = IncomingMessage(
+            platform=adapter.platform,
+            event_id=f"alert-storm:{channel}:{storm.thread_id}:{storm.analyses}",
+            channel=channel,
+            user="alertmanager",
+            user_name="Alertmanager",
+            text=text,
+            kind=MessageKind.ALERT,
+            thread_id=storm.thread_id,
+            scenario=ALERT_SUMMARY,
+            extra={"alert": groups[0], "storm_groups": len(groups)},
+        )
+        await self.pipeline.submit(message, adapter)
+
+    async def _opened(self, thread: AlertThread | None) -> AlertThread | None:
+        """``thread`` once its header is posted: a group another replica is opening is waited for
+        (up to ``store.claim_lease_s``; ``None`` if it is still opening then)."""
+        if thread is None or thread.status != "opening":
+            return thread
+        deadline = time.monotonic() + self.store.claim_lease_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            found = await self.store.get_alert_thread(thread.group_key)
+            if found is None or found.status != "opening":
+                return found
+        return None
 
     @staticmethod
     def _resolved_text(payload: Mapping[str, Any]) -> str:

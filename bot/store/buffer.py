@@ -70,7 +70,17 @@ class PendingClaim:
     created_at: datetime = field(default_factory=utcnow)
 
 
-PendingRow = RequestRecord | PendingMessage | AlertThread | PendingFeedback | PendingClaim
+@dataclass
+class PendingRelease:
+    """The end of this process's lease on an event, written once the database is back (until then
+    no other replica may take the claim for a dead one's)."""
+
+    platform: str
+    event_id: str
+    owner: str
+
+
+PendingRow = RequestRecord | PendingMessage | AlertThread | PendingFeedback | PendingClaim | PendingRelease
 
 _KINDS: dict[type, str] = {
     RequestRecord: "request",
@@ -78,6 +88,7 @@ _KINDS: dict[type, str] = {
     AlertThread: "alert_thread",
     PendingFeedback: "feedback",
     PendingClaim: "event_claim",
+    PendingRelease: "claim_release",
 }
 
 

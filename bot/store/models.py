@@ -130,13 +130,28 @@ class ThreadMessageRow(Base):
 
 
 class ProcessedEventRow(Base):
-    """A chat event some replica has claimed; the primary key is what makes the claim exclusive."""
+    """A chat event some replica has claimed; the primary key is what makes the claim exclusive.
+
+    A claim for an answer carries a lease (``owner``, ``lease_until``) renewed while it streams; an
+    expired ``answering`` lease is an answer whose replica died (:mod:`bot.claims`).
+    """
 
     __tablename__ = "opsbot_processed_events"
+    __table_args__ = (Index("ix_opsbot_processed_events_state_lease", "state", "lease_until"),)
 
     platform: Mapped[str] = mapped_column(String(32), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    state: Mapped[str] = mapped_column(String(16), default="done", server_default="done")
+    """``answering`` (leased), ``done`` or ``interrupted`` (noted by another replica)."""
+    owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    request_id: Mapped[str | None] = mapped_column(String(128))
+    channel: Mapped[str | None] = mapped_column(String(255))
+    thread_id: Mapped[str | None] = mapped_column(String(255))
+    user: Mapped[str | None] = mapped_column(String(255))
+    scenario: Mapped[str | None] = mapped_column(String(64))
+    lane: Mapped[str | None] = mapped_column(String(32))
 
 
 class AlertThreadRow(Base):
@@ -150,6 +165,8 @@ class AlertThreadRow(Base):
     thread_id: Mapped[str] = mapped_column(String(255))
     status: Mapped[str] = mapped_column(String(32))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    firing: Mapped[str | None] = mapped_column(Text)
+    """JSON list of the fingerprints firing at the group's last notification (any replica's)."""
 
 
 class FeedbackRow(Base):

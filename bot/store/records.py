@@ -24,7 +24,8 @@ class RequestRecord:
     lane: str
     status: str
     """``ok``, ``timeout``, ``aborted``, ``overloaded``, ``engine_dead``, ``error`` (the engine could
-    not answer), ``undelivered`` or ``throttled`` (the platform refused or kept failing): one per
+    not answer), ``undelivered`` or ``throttled`` (the platform refused or kept failing),
+    ``interrupted`` (the replica answering it died; written by another replica's sweeper): one per
     branch of the engine's and the bot's error trees (``bot.pipeline``)."""
     error: str | None = None
     model: str | None = None
@@ -86,6 +87,25 @@ class AlertThread:
     channel: str
     thread_id: str
     status: str
+    """``opening`` (a replica claimed the group and is posting its header), ``firing``, ``resolved``."""
+    firing: list[str] | None = None
+    """Fingerprints firing at the group's last notification (``None``: not known)."""
+
+
+@dataclass
+class Claim:
+    """A leased claim on an event: who answers it, where, and until when the lease runs."""
+
+    platform: str
+    event_id: str
+    request_id: str | None = None
+    channel: str | None = None
+    thread_id: str | None = None
+    user: str | None = None
+    scenario: str | None = None
+    lane: str | None = None
+    owner: str | None = None
+    lease_until: datetime | None = None
 
 
 @dataclass

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
+import socket
+import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Table, and_, delete, func, or_, select, text
+from sqlalchemy import Table, and_, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -26,7 +30,14 @@ from bot import metrics
 from bot.config import StoreSettings, mask_url
 from bot.redact import redact
 from bot.store import migrate
-from bot.store.buffer import PendingClaim, PendingFeedback, PendingMessage, PendingRow, WriteBuffer
+from bot.store.buffer import (
+    PendingClaim,
+    PendingFeedback,
+    PendingMessage,
+    PendingRelease,
+    PendingRow,
+    WriteBuffer,
+)
 from bot.store.db import StoreError, check_connection, create_engine, describe_cause, unreachable
 from bot.store.models import (
     AlertThreadRow,
@@ -38,6 +49,7 @@ from bot.store.models import (
 )
 from bot.store.records import (
     AlertThread,
+    Claim,
     LatencyStats,
     RatedRequest,
     RequestRecord,
@@ -47,6 +59,8 @@ from bot.store.records import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 EVENT_RETENTION = timedelta(days=7)
 """Processed-event keys older than this are pruned (platforms stop retrying within minutes)."""
@@ -74,6 +88,10 @@ class Store:
         self._buffer = WriteBuffer(settings, self._write_batch, self._probe)
         self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._maintenance: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Future[Any]] = set()
+        self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """This process's name on the claims it leases (unique per start: a restarted replica is
+        another owner, and finds its own earlier, dead claims like any other replica's)."""
 
     @classmethod
     async def open(cls, url: str, settings: StoreSettings, *, upgrade: bool = True) -> Store:
@@ -120,6 +138,8 @@ class Store:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        if self._calls:  # database calls of cancelled callers finish and give their connection back
+            await asyncio.wait(set(self._calls), timeout=self._settings.connect_timeout_s * 2)
         left = await self._buffer.close(flush_timeout_s)
         if left:
             logger.error(
@@ -141,6 +161,11 @@ class Store:
         return self._buffer.dropped
 
     @property
+    def claim_lease_s(self) -> float:
+        """Seconds a leased claim lasts unless renewed (``store.claim_lease_s``)."""
+        return self._settings.claim_lease_s
+
+    @property
     def engine(self) -> AsyncEngine:
         """The SQLAlchemy engine (for tests and maintenance scripts)."""
         return self._engine
@@ -158,28 +183,43 @@ class Store:
         return True
 
     async def _probe(self) -> None:
-        async with asyncio.timeout(self._settings.connect_timeout_s), self._engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
+        async def probe() -> None:
+            async with asyncio.timeout(self._settings.connect_timeout_s), self._engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+
+        await self._call(probe())
 
     # -- de-duplication --------------------------------------------------------------------
-    async def claim_event(self, platform: str, event_id: str) -> bool:
+    async def claim_event(self, platform: str, event_id: str, lease: Claim | None = None) -> bool:
         """True only for the first claim of ``(platform, event_id)``, across every replica.
 
-        The claim is an INSERT that the table's primary key lets succeed once. While the database
-        is down, an in-process set decides (this replica keeps answering) and the claim is queued
-        so other replicas see it once the database is back.
+        The claim is an INSERT that the table's primary key lets succeed once. With ``lease`` (an
+        answer: its request id and where it goes) the claim is leased to this process for
+        ``store.claim_lease_s`` (:meth:`renew_leases` keeps all of them; :meth:`release_claim` ends one).
+        While the database is down, an in-process set decides (this replica keeps answering) and
+        the claim is queued, unleased, so other replicas see it once the database is back.
         """
         key = (platform, event_id)
         if self._buffer.up:
             try:
-                async with self._timeout(), self._engine.begin() as conn:
-                    stmt = self._insert(_EVENTS).values(
-                        platform=platform, event_id=event_id, created_at=utcnow()
+                values: dict[str, Any] = {"platform": platform, "event_id": event_id, "created_at": utcnow()}
+                if lease is not None:
+                    values.update(
+                        state="answering",
+                        owner=self.owner,
+                        lease_until=utcnow() + timedelta(seconds=self._settings.claim_lease_s),
+                        request_id=lease.request_id,
+                        channel=lease.channel,
+                        thread_id=lease.thread_id,
+                        user=lease.user,
+                        scenario=lease.scenario,
+                        lane=lease.lane,
                     )
-                    result = await conn.execute(
-                        stmt.on_conflict_do_nothing(index_elements=["platform", "event_id"])
-                    )
-                won = result.rowcount == 1
+                stmt = self._insert(_EVENTS).values(**values)
+                result = await self._call(
+                    self._execute(stmt.on_conflict_do_nothing(index_elements=["platform", "event_id"]))
+                )
+                won = result == 1
                 self._remember(key)
                 return won
             except Exception as error:
@@ -190,6 +230,102 @@ class Store:
         self._buffer.put(PendingClaim(platform, event_id))
         return True
 
+    async def renew_leases(self) -> int:
+        """Extend every lease this process holds by ``store.claim_lease_s`` from now, in one
+        statement however many answers run; how many it renewed.
+
+        Raises :class:`StoreError` when the database cannot be reached (the leases then run out
+        unless a later renewal gets through).
+        """
+        stmt = (
+            update(_EVENTS)
+            .where(_EVENTS.c.owner == self.owner, _EVENTS.c.state == "answering")
+            .values(lease_until=utcnow() + timedelta(seconds=self._settings.claim_lease_s))
+        )
+        try:
+            return await self._call(self._execute(stmt))
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+
+    async def release_claim(self, platform: str, event_id: str) -> None:
+        """End this process's lease on an event (answered, or noted as stopped); never waits.
+
+        Queued with the request row, so both land in one transaction: a replica killed before that
+        write leaves an expired lease and no row, and another replica writes both.
+        """
+        self._buffer.put(PendingRelease(platform, event_id, self.owner))
+
+    @staticmethod
+    def _release(release: PendingRelease) -> Any:
+        return (
+            update(_EVENTS)
+            .where(
+                _EVENTS.c.platform == release.platform,
+                _EVENTS.c.event_id == release.event_id,
+                _EVENTS.c.owner == release.owner,
+                _EVENTS.c.state == "answering",
+            )
+            .values(state="done", lease_until=None)
+        )
+
+    async def expired_claims(self, limit: int = 100) -> list[Claim]:
+        """Other processes' leased claims whose lease ran out (their replica died mid-answer), oldest first.
+
+        Raises :class:`StoreError` when the database cannot be read (the sweeper tries again later).
+        """
+        stmt = (
+            select(_EVENTS)
+            .where(
+                _EVENTS.c.state == "answering",
+                _EVENTS.c.lease_until < utcnow(),
+                # This process's own answers are alive as long as it is.
+                _EVENTS.c.owner != self.owner,
+            )
+            .order_by(_EVENTS.c.lease_until)
+            .limit(limit)
+        )
+
+        try:
+            rows = await self._call(self._all(stmt))
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+        return [
+            Claim(
+                r.platform,
+                r.event_id,
+                r.request_id,
+                r.channel,
+                r.thread_id,
+                r.user,
+                r.scenario,
+                r.lane,
+                r.owner,
+                r.lease_until,
+            )
+            for r in rows
+        ]
+
+    async def take_over_claim(self, claim: Claim) -> bool:
+        """Mark an expired claim ``interrupted`` for this process; True for exactly one replica.
+
+        The update only matches while the claim is still ``answering`` with its lease run out, so
+        two sweepers never both note the same answer. Raises :class:`StoreError` when unreachable.
+        """
+        stmt = (
+            update(_EVENTS)
+            .where(
+                _EVENTS.c.platform == claim.platform,
+                _EVENTS.c.event_id == claim.event_id,
+                _EVENTS.c.state == "answering",
+                _EVENTS.c.lease_until < utcnow(),
+            )
+            .values(state="interrupted", owner=self.owner, lease_until=None)
+        )
+        try:
+            return await self._call(self._execute(stmt)) == 1
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+
     def _remember(self, key: tuple[str, str]) -> None:
         self._local_claims[key] = None
         self._local_claims.move_to_end(key)
@@ -198,9 +334,9 @@ class Store:
 
     async def prune_events(self, older_than: timedelta = EVENT_RETENTION) -> int:
         """Delete processed-event keys older than ``older_than``; return how many went."""
-        async with self._engine.begin() as conn:
-            result = await conn.execute(delete(_EVENTS).where(_EVENTS.c.created_at < utcnow() - older_than))
-        return result.rowcount
+        return await self._call(
+            self._execute(delete(_EVENTS).where(_EVENTS.c.created_at < utcnow() - older_than))
+        )
 
     async def _prune_forever(self) -> None:
         while True:
@@ -242,6 +378,70 @@ class Store:
         """Queue the thread that carries an alert group (a later save for the key replaces it)."""
         self._buffer.put(AlertThread(**asdict(thread)))
 
+    async def open_alert_thread(self, thread: AlertThread) -> AlertThread | None:
+        """Claim an alert group for this process: ``None`` when this call created the group's row
+        (status ``opening``: post the header, then :meth:`update_alert_thread` with its thread id),
+        else the row some replica already has (possibly still ``opening``). A row that stayed
+        ``opening`` for longer than ``store.claim_lease_s`` is taken over (its replica died).
+
+        One INSERT the primary key lets succeed once, so two replicas receiving the same webhook
+        never both open a thread. While the database is down only this process's view decides.
+        """
+        if self._buffer.up:
+            now = utcnow()
+            values = {**_alert_values(thread), "status": "opening", "updated_at": now}
+            stmt = self._insert(_ALERTS).values(**values)
+            # A row left 'opening' longer than a lease belongs to a replica that died (or failed to
+            # post) before the header was out: it is taken over, so the group is never stuck.
+            stale = now - timedelta(seconds=self._settings.claim_lease_s)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["group_key"],
+                set_={name: stmt.excluded[name] for name in values if name != "group_key"},
+                where=and_(_ALERTS.c.status == "opening", _ALERTS.c.updated_at < stale),
+            )
+            try:
+                if await self._call(self._execute(stmt)) == 1:
+                    return None
+            except Exception as error:
+                self._read_failed("open_alert_thread", error)
+            else:
+                found = await self.get_alert_thread(thread.group_key)
+                if found is not None:
+                    return found
+        found = await self.get_alert_thread(thread.group_key)
+        if found is None:
+            await self.save_alert_thread(AlertThread(**{**asdict(thread), "status": "opening"}))
+        return found
+
+    async def update_alert_thread(self, thread: AlertThread, *, expect: AlertThread | None = None) -> bool:
+        """Write ``thread``'s thread id, status and firing set; with ``expect``, only if the stored
+        status and firing set are still ``expect``'s (compare-and-set): True for exactly one of two
+        replicas making the same change, so a resolve note is posted once.
+
+        While the database is down the change is queued and this process's view decides (True).
+        """
+        if self._buffer.up:
+            stmt = update(_ALERTS).where(_ALERTS.c.group_key == thread.group_key)
+            if expect is not None:
+                stmt = stmt.where(_ALERTS.c.status == expect.status)
+                previous = _alert_values(expect)["firing"]
+                stmt = stmt.where(
+                    _ALERTS.c.firing.is_(None) if previous is None else _ALERTS.c.firing == previous
+                )
+            values = _alert_values(thread)
+            stmt = stmt.values(
+                thread_id=values["thread_id"],
+                status=values["status"],
+                firing=values["firing"],
+                updated_at=utcnow(),
+            )
+            try:
+                return await self._call(self._execute(stmt)) == 1
+            except Exception as error:
+                self._read_failed("update_alert_thread", error)
+        await self.save_alert_thread(thread)
+        return True
+
     async def record_feedback(self, request_id: str, platform: str, user: str | None, value: int) -> None:
         """Queue a vote (+1 / -1) on an answer; a user's second vote on it replaces the first."""
         self._buffer.put(PendingFeedback(request_id, platform, user, value))
@@ -260,23 +460,22 @@ class Store:
         stored: list[tuple[str, ThreadMessage]] = []
         if self._buffer.up:
             try:
-                async with self._timeout(), self._engine.connect() as conn:
-                    rows = (
-                        await conn.execute(
-                            select(
-                                _MESSAGES.c.message_id,
-                                _MESSAGES.c.role,
-                                _MESSAGES.c.content,
-                                _MESSAGES.c.user,
-                                _MESSAGES.c.created_at,
-                                _MESSAGES.c.request_id,
-                            )
-                            .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
-                            .where(self._thread_is(platform, channel, thread_id))
-                            .order_by(_MESSAGES.c.created_at.desc(), _MESSAGES.c.id.desc())
-                            .limit(limit)
+                rows = await self._call(
+                    self._all(
+                        select(
+                            _MESSAGES.c.message_id,
+                            _MESSAGES.c.role,
+                            _MESSAGES.c.content,
+                            _MESSAGES.c.user,
+                            _MESSAGES.c.created_at,
+                            _MESSAGES.c.request_id,
                         )
-                    ).all()
+                        .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
+                        .where(self._thread_is(platform, channel, thread_id))
+                        .order_by(_MESSAGES.c.created_at.desc(), _MESSAGES.c.id.desc())
+                        .limit(limit)
+                    )
+                )
                 stored = [
                     (r.message_id, ThreadMessage(r.role, r.content, r.user, r.created_at, r.request_id))
                     for r in reversed(rows)
@@ -318,13 +517,14 @@ class Store:
             )
             return False
         try:
-            async with self._timeout(), self._engine.connect() as conn:
-                found = await conn.scalar(
+            found = await self._call(
+                self._first(
                     select(_MESSAGES.c.id)
                     .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
                     .where(self._thread_is(platform, channel, thread_id), _MESSAGES.c.role == "assistant")
                     .limit(1)
                 )
+            )
         except Exception as error:
             self._read_failed("is_bot_thread", error)
             return False
@@ -339,14 +539,11 @@ class Store:
             logger.warning("database down: no buffered thread for alert group %s", group_key)
             return None
         try:
-            async with self._timeout(), self._engine.connect() as conn:
-                found = (await conn.execute(select(_ALERTS).where(_ALERTS.c.group_key == group_key))).first()
+            found = await self._call(self._first(select(_ALERTS).where(_ALERTS.c.group_key == group_key)))
         except Exception as error:
             self._read_failed("get_alert_thread", error)
             return None
-        if found is None:
-            return None
-        return AlertThread(found.group_key, found.platform, found.channel, found.thread_id, found.status)
+        return None if found is None else _alert_thread(found)
 
     async def alert_thread_at(self, platform: str, channel: str, thread_id: str) -> AlertThread | None:
         """The alert thread that is this chat thread, if any (questions asked in an alert's thread)."""
@@ -360,22 +557,19 @@ class Store:
         if not self._buffer.up:
             return None
         try:
-            async with self._timeout(), self._engine.connect() as conn:
-                found = (
-                    await conn.execute(
-                        select(_ALERTS).where(
-                            _ALERTS.c.platform == platform,
-                            _ALERTS.c.channel == channel,
-                            _ALERTS.c.thread_id == thread_id,
-                        )
+            found = await self._call(
+                self._first(
+                    select(_ALERTS).where(
+                        _ALERTS.c.platform == platform,
+                        _ALERTS.c.channel == channel,
+                        _ALERTS.c.thread_id == thread_id,
                     )
-                ).first()
+                )
+            )
         except Exception as error:
             self._read_failed("alert_thread_at", error)
             return None
-        if found is None:
-            return None
-        return AlertThread(found.group_key, found.platform, found.channel, found.thread_id, found.status)
+        return None if found is None else _alert_thread(found)
 
     # -- statistics ------------------------------------------------------------------------
     async def latency_stats(self, since: datetime, until: datetime | None = None) -> list[LatencyStats]:
@@ -403,8 +597,7 @@ class Store:
         # this snapshot or in the query's result, never in neither.
         pending = self._pending_requests(since, until)
         try:
-            async with self._timeout(), self._engine.connect() as conn:
-                stored = (await conn.execute(select(*columns).where(*window))).all()
+            stored = await self._call(self._all(select(*columns).where(*window)))
         except Exception as error:
             raise unreachable(self._engine.url, error) from None
         rows: dict[str, tuple[str, str, str, float | None, float | None, float | None, float | None]] = {
@@ -461,14 +654,13 @@ class Store:
         stored: dict[str, float] = {}
         if self._buffer.up:
             try:
-                async with self._timeout(), self._engine.connect() as conn:
-                    rows = (
-                        await conn.execute(
-                            select(_REQUESTS.c.request_id, _REQUESTS.c.ttft_ms).where(
-                                _REQUESTS.c.created_at >= since, _REQUESTS.c.ttft_ms.is_not(None)
-                            )
+                rows = await self._call(
+                    self._all(
+                        select(_REQUESTS.c.request_id, _REQUESTS.c.ttft_ms).where(
+                            _REQUESTS.c.created_at >= since, _REQUESTS.c.ttft_ms.is_not(None)
                         )
-                    ).all()
+                    )
+                )
                 stored = {r.request_id: float(r.ttft_ms) for r in rows}
             except Exception as error:
                 self._read_failed("recent_ttft", error)
@@ -491,14 +683,13 @@ class Store:
         # Buffered rows first, as in latency_stats: a row committed meanwhile is then in one of both.
         pending = self._pending_requests(since, until)
         try:
-            async with self._timeout(), self._engine.connect() as conn:
-                stored = (
-                    await conn.execute(
-                        select(*(_REQUESTS.c[name] for name in names))
-                        .where(*window)
-                        .order_by(_REQUESTS.c.created_at)
-                    )
-                ).all()
+            stored = await self._call(
+                self._all(
+                    select(*(_REQUESTS.c[name] for name in names))
+                    .where(*window)
+                    .order_by(_REQUESTS.c.created_at)
+                )
+            )
         except Exception as error:
             raise unreachable(self._engine.url, error) from None
         rows = {r.request_id: RequestRecord(**{name: getattr(r, name) for name in names}) for r in stored}
@@ -569,6 +760,42 @@ class Store:
         ]
 
     # -- helpers ---------------------------------------------------------------------------
+    async def _call(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run one database call so that cancelling the caller never interrupts it half-way.
+
+        A cancel that lands while a pooled connection is being used or given back (a shutdown
+        cancelling an answer, then the answer's own timeout cancelling it again) makes SQLAlchemy
+        throw the connection away; an aiosqlite connection thrown away that way is never closed (its
+        close task stays pending and the garbage collector finalises the connection later). So the
+        call runs in its own task, bounded by :meth:`_timeout`: the caller's cancel goes on at once,
+        the call finishes on its own and returns its connection, and :meth:`close` waits for it.
+        """
+        task = asyncio.ensure_future(work)
+        self._calls.add(task)
+        task.add_done_callback(self._call_done)
+        return await asyncio.shield(task)
+
+    def _call_done(self, task: asyncio.Future[Any]) -> None:
+        self._calls.discard(task)
+        if not task.cancelled():
+            task.exception()  # a cancelled caller never reads it: mark it retrieved
+
+    async def _execute(self, stmt: Any) -> int:
+        """Execute one writing statement in its own transaction; its row count."""
+        async with self._timeout(), self._engine.begin() as conn:
+            result = await conn.execute(stmt)
+        return int(result.rowcount)
+
+    async def _first(self, stmt: Any) -> Any:
+        """The first row of a query, or ``None``."""
+        async with self._timeout(), self._engine.connect() as conn:
+            return (await conn.execute(stmt)).first()
+
+    async def _all(self, stmt: Any) -> list[Any]:
+        """Every row of a query."""
+        async with self._timeout(), self._engine.connect() as conn:
+            return list((await conn.execute(stmt)).all())
+
     def _timeout(self) -> asyncio.Timeout:
         # Connecting may take connect_timeout_s; the statement itself gets as long again.
         return asyncio.timeout(self._settings.connect_timeout_s * 2)
@@ -597,6 +824,7 @@ class Store:
         requests: dict[str, RequestRecord] = {}
         messages: list[PendingMessage] = []
         claims: dict[tuple[str, str], PendingClaim] = {}
+        releases: list[PendingRelease] = []
         alerts: dict[str, AlertThread] = {}
         feedback: dict[tuple[str, str, str], PendingFeedback] = {}
         # The last write of a key wins; PostgreSQL refuses one statement updating a row twice.
@@ -609,6 +837,8 @@ class Store:
                 claims.setdefault((row.platform, row.event_id), row)
             elif isinstance(row, AlertThread):
                 alerts[row.group_key] = row
+            elif isinstance(row, PendingRelease):
+                releases.append(row)
             else:
                 feedback[(row.request_id, row.platform, row.user or "")] = row
         async with self._engine.begin() as conn:
@@ -617,10 +847,12 @@ class Store:
             if claims:
                 stmt = self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["platform", "event_id"])
                 await conn.execute(stmt, [asdict(c) for c in claims.values()])
+            for release in releases:
+                await conn.execute(self._release(release))
             if messages:
                 await self._write_messages(conn, messages)
             if alerts:
-                values = [{**asdict(a), "updated_at": utcnow()} for a in alerts.values()]
+                values = [{**_alert_values(a), "updated_at": utcnow()} for a in alerts.values()]
                 await self._upsert(conn, _ALERTS, values, ["group_key"])
             if feedback:
                 values = [{**asdict(f), "user": f.user or ""} for f in feedback.values()]
@@ -668,6 +900,21 @@ class Store:
                 for m in messages
             ],
         )
+
+
+def _alert_values(thread: AlertThread) -> dict[str, Any]:
+    """Column values of an alert thread (the firing set as a sorted JSON list, comparable as text)."""
+    values = asdict(thread)
+    values["firing"] = None if thread.firing is None else json.dumps(sorted(set(thread.firing)))
+    return values
+
+
+def _alert_thread(row: Any) -> AlertThread:
+    firing = None
+    if row.firing is not None:
+        with contextlib.suppress(ValueError, TypeError):
+            firing = [str(f) for f in json.loads(row.firing)]
+    return AlertThread(row.group_key, row.platform, row.channel, row.thread_id, row.status, firing)
 
 
 def _aware(moment: datetime) -> datetime:

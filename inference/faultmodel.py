@@ -1,0 +1,93 @@
+"""A test model that fails on command: the explicit fault-injection seam of the engine tests.
+
+``build_fault_model(tiny, dest)`` copies the offline tiny test model (:mod:`inference.testmodel`)
+and adds its own modeling code (``modeling_faulty.py``, loaded by transformers through
+``auto_map`` with ``engine.trust_remote_code = true``): a ``LlamaForCausalLM`` whose forward pass
+looks for a trigger file in the model folder on every call:
+
+- ``crash``: the next forward raises ``RuntimeError`` (as a torch kernel failure or an out-of-memory
+  does) and removes the file (one-shot: a restarted engine loads and runs again);
+- ``hang``: forward blocks, producing no token, until the file is removed (as a stuck kernel or a
+  deadlocked collective does).
+
+Nothing in opsbot's code is patched: the engine, its worker threads and the pipeline meet a model
+that really fails, at the moment the test creates the file (:func:`trigger`). Only tests use this;
+no production path imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Literal
+
+Fault = Literal["crash", "hang"]
+
+MODELING = '''"""The faulty test model of opsbot's inference.faultmodel: a Llama that fails on command."""
+
+import os
+import time
+
+from transformers import LlamaForCausalLM
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class FaultyLlamaForCausalLM(LlamaForCausalLM):
+    """``LlamaForCausalLM``; raises once for ``<folder>/crash``, blocks while ``<folder>/hang`` exists.
+
+    The check is a forward pre-hook, so ``forward`` keeps Llama's own signature.
+    """
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_forward_pre_hook(_check_faults)
+
+
+def _check_faults(module, args):
+    folder = getattr(module.config, "fault_dir", None) or _HERE
+    crash = os.path.join(folder, "crash")
+    if os.path.exists(crash):
+        # One-shot, as a transient kernel failure is: the restarted engine loads and runs again.
+        try:
+            os.remove(crash)
+        except FileNotFoundError:
+            pass
+        raise RuntimeError("faulty test model: forward failed (crash trigger)")
+    while os.path.exists(os.path.join(folder, "hang")):
+        time.sleep(0.05)
+    return None
+'''
+
+
+def build_fault_model(tiny: Path, dest: Path) -> Path:
+    """Copy the tiny test model at ``tiny`` to ``dest`` with the faulty modeling code; returns ``dest``.
+
+    Load it with ``engine.trust_remote_code = true``. The trigger files go in ``dest``
+    (:func:`trigger`, :func:`clear`); the model's config names that folder (``fault_dir``), since
+    transformers runs remote code from a cache folder of its own.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(tiny, dest)
+    (dest / "modeling_faulty.py").write_text(MODELING)
+    config_path = dest / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = ["FaultyLlamaForCausalLM"]
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_faulty.FaultyLlamaForCausalLM"}
+    config["fault_dir"] = str(dest.resolve())
+    config_path.write_text(json.dumps(config, indent=2))
+    return dest
+
+
+def trigger(model_dir: Path, fault: Fault) -> None:
+    """The next forward pass of the model in ``model_dir`` crashes, or every one hangs until :func:`clear`."""
+    (Path(model_dir) / fault).write_text(fault)
+
+
+def clear(model_dir: Path, fault: Fault | None = None) -> None:
+    """Remove one trigger (``None``: both): forward passes work again (a hung one resumes)."""
+    for name in (fault,) if fault else ("crash", "hang"):
+        (Path(model_dir) / name).unlink(missing_ok=True)

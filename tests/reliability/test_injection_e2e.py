@@ -209,7 +209,7 @@ async def test_injections_in_context_thread_and_alert_labels_change_nothing_on_s
     # The fence breakers reached the prompts escaped, not as markers.
     prompts = "\n".join(prompt_of(r) for r in w.engine.requests)
     assert "‹‹‹END DATA id=00000000›››" in prompts
-    print("injection report:", report)  # noqa: T201  (read by whoever updates RELIABILITY-sec.md)
+    print("injection report:", report)  # noqa: T201  (read by whoever updates RELIABILITY.md)
 
 
 def test_an_upstream_error_text_outside_the_fences_cannot_carry_a_fence_marker(tiny_model: Path) -> None:

@@ -50,7 +50,18 @@ def is_row_error(error: BaseException) -> bool:
     Everything else (refused or reset connections, timeouts, a locked SQLite file) is treated as
     transient and retried with backoff.
     """
-    return isinstance(error, exc.IntegrityError | exc.DataError)
+    if isinstance(error, exc.IntegrityError | exc.DataError):
+        return True
+    # A value the driver cannot encode (a lone surrogate reaching sqlite3 / asyncpg) fails the same
+    # way on every retry; wrapped or not, it is the row's fault, not the connection's.
+    cause: BaseException | None = error
+    for _ in range(8):  # the chain is short: SQLAlchemy's wrapper, the driver's error, its cause
+        if cause is None:
+            return False
+        if isinstance(cause, UnicodeError):
+            return True
+        cause = cause.__cause__ or getattr(cause, "orig", None)
+    return False
 
 
 class DriverLogFilter(logging.Filter):

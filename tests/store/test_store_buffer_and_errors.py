@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from bot.config import StoreSettings
 from bot.store import RequestRecord, Store, StoreError, migrate
+from bot.store.db import is_row_error
 
 
 def record(i: int) -> RequestRecord:
@@ -116,3 +120,19 @@ async def test_a_missing_postgresql_database_names_the_cause(
     url = make_url(pg_url).set(database="opsbot_no_such_db").render_as_string(hide_password=False)
     with pytest.raises(StoreError, match="opsbot_no_such_db.*does not exist"):
         await Store.open(url, store_settings)
+
+
+async def test_a_value_the_driver_cannot_encode_is_a_row_error_not_an_outage(store: Store) -> None:
+    # A lone surrogate (a JSON escape in a chat payload) that reached the driver fails every retry
+    # alike: the buffer must skip that row, not report the database as down.
+    with pytest.raises((UnicodeError, DBAPIError)) as caught:
+        async with store._engine.begin() as conn:  # the driver as the buffer's writes reach it
+            await conn.execute(
+                text(
+                    "INSERT INTO opsbot_requests (request_id, platform, scenario, lane, status, "
+                    "prompt_tokens, cached_tokens, output_tokens, created_at, error) "
+                    "VALUES ('u', 'slack', 'chat', 'normal', 'ok', 0, 0, 0, :at, :error)"
+                ),
+                {"at": datetime(2026, 12, 1, tzinfo=UTC), "error": "bad \ud800 value"},
+            )
+    assert is_row_error(caught.value)

@@ -92,6 +92,7 @@ async def test_two_replicas_sharing_postgres_answer_each_event_exactly_once(
     # round robin spread the deliveries over both connections
     assert {env.connection for env in slack.envelopes.values()} == {1, 2}
     assert sorted(m.thread_ts or "" for m in slack.bot_messages("C1")) == sorted(str(e["ts"]) for e in events)
+    await request_rows(second.store)  # each replica writes its own rows: wait for both buffers
     rows = await request_rows(first.store)
     assert sorted(r[1] for r in rows) == sorted(str(e["ts"]) for e in events)
 

@@ -110,6 +110,11 @@ def refresh_engine_metrics(engine: Engine) -> None:
 
 def _refresh_one(name: str, engine: Engine) -> None:
     stats = engine.stats()
+    # Every engine exports every series (0 where it reports nothing, as before the engine label):
+    # a labelled child only exists once touched, and dashboards and alert rules expect the series.
+    metrics.ENGINE_PREEMPTIONS.labels(name)
+    metrics.ENGINE_PREFIX_HIT_RATE.labels(name)
+    metrics.ENGINE_KV_CACHE_USAGE.labels(name)
     metrics.ENGINE_READY.labels(name).set(1 if engine.health().ready else 0)
     metrics.ENGINE_RUNNING.labels(name).set(stats.running)
     metrics.ENGINE_WAITING.labels(name).set(stats.waiting)

@@ -52,13 +52,18 @@ def is_row_error(error: BaseException) -> bool:
     """
     if isinstance(error, exc.IntegrityError | exc.DataError):
         return True
-    # A value the driver cannot encode (a lone surrogate reaching sqlite3 / asyncpg) fails the same
-    # way on every retry; wrapped or not, it is the row's fault, not the connection's.
+    # A value the driver cannot encode (a lone surrogate reaching sqlite3 / asyncpg) or the server
+    # refuses as data (PostgreSQL SQLSTATE class 22 / 23, e.g. 22021 for a NUL in text, which
+    # SQLAlchemy's asyncpg adapter wraps as a plain ``Error``) fails the same way on every retry:
+    # wrapped or not, it is the row's fault, not the connection's.
     cause: BaseException | None = error
     for _ in range(8):  # the chain is short: SQLAlchemy's wrapper, the driver's error, its cause
         if cause is None:
             return False
         if isinstance(cause, UnicodeError):
+            return True
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if isinstance(code, str) and code[:2] in ("22", "23"):
             return True
         cause = cause.__cause__ or getattr(cause, "orig", None)
     return False

@@ -57,6 +57,7 @@ from bot.store.records import (
     percentiles,
     utcnow,
 )
+from bot.types import clean_text
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +353,7 @@ class Store:
     async def record_request(self, record: RequestRecord) -> None:
         """Queue one request row (never raises, never waits on the database)."""
         if record.error:  # error texts quote platform and engine messages
-            record.error = redact(record.error, where="store")
+            record.error = clean_text(redact(record.error, where="store"))
         self._buffer.put(record)
 
     async def append_message(
@@ -371,7 +372,10 @@ class Store:
         ``content`` is redacted here once more, whoever the caller: the last gate before a row (a
         count under ``opsbot_secrets_redacted_total{where="store"}`` means a caller forgot).
         """
+        # clean_text: a model's answer may hold a NUL (PostgreSQL text refuses it) or a lone surrogate.
         content = redact(content, where="store")
+        if isinstance(content, str):
+            content = clean_text(content)
         self._buffer.put(PendingMessage(platform, channel, thread_id, role, content, user, request_id))
 
     async def save_alert_thread(self, thread: AlertThread) -> None:

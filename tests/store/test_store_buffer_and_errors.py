@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from datetime import UTC, datetime
@@ -136,3 +137,36 @@ async def test_a_value_the_driver_cannot_encode_is_a_row_error_not_an_outage(sto
                 {"at": datetime(2026, 12, 1, tzinfo=UTC), "error": "bad \ud800 value"},
             )
     assert is_row_error(caught.value)
+
+
+async def test_an_answer_holding_a_nul_is_stored_and_does_not_hold_back_the_buffer(store: Store) -> None:
+    # A model's output may hold a NUL (a random or byte-level model does): PostgreSQL text refuses it,
+    # and the whole batch of 500 rows behind it used to be retried for ever.
+    await store.append_message("slack", "C1", "T-nul", "assistant", "exit code \x00 137")
+    await store.append_message("slack", "C1", "T-nul", "user", "and now?")
+    for _ in range(200):  # the buffer writes in the background
+        if store.buffered == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert store.buffered == 0
+    turns = await store.thread_history("slack", "C1", "T-nul")
+    assert [t.content for t in turns] == ["exit code \ufffd 137", "and now?"]
+
+
+@pytest.mark.postgres
+async def test_postgresql_refusing_a_nul_is_a_row_error(pg_url: str, store_settings: StoreSettings) -> None:
+    store = await Store.open(pg_url, store_settings)
+    try:
+        with pytest.raises(DBAPIError) as caught:
+            async with store._engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        "INSERT INTO opsbot_requests (request_id, platform, scenario, lane, status, "
+                        "prompt_tokens, cached_tokens, output_tokens, created_at, error) "
+                        "VALUES ('n', 'slack', 'chat', 'normal', 'ok', 0, 0, 0, :at, :error)"
+                    ),
+                    {"at": datetime(2026, 12, 1, tzinfo=UTC), "error": "bad \x00 value"},
+                )
+        assert is_row_error(caught.value)
+    finally:
+        await store.close()

@@ -21,6 +21,7 @@ folder's (``engine.model``; unset: the tiny offline test model), so prompts are 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -45,6 +46,7 @@ from inference.engine import (  # noqa: E402
     GenerationResult,
     RequestAbortedError,
     TextDelta,
+    WrappedEngine,
 )
 
 RECORD_ENV = "OPSBOT_BENCH_RECORD"
@@ -133,18 +135,14 @@ class SyntheticEngine(Engine):
         return self._tokenizer
 
 
-class RecordingEngine(Engine):
+class RecordingEngine(WrappedEngine):
     """Wraps an engine; notes each request's submit time, lane, scenario and prompt ids (in memory,
     a list append per request), and writes them to ``path`` as JSON lines at shutdown."""
 
     def __init__(self, inner: Engine, path: Path) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.path = path
-        self.backend = inner.backend
         self._records: list[tuple[str, float, str, str, int, Sequence[int] | None]] = []
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._records.append(
@@ -158,15 +156,6 @@ class RecordingEngine(Engine):
             )
         )
         return self.inner.generate(request)
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
 
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         try:
@@ -188,10 +177,6 @@ class RecordingEngine(Engine):
                 }
                 out.write(json.dumps(row) + "\n")
 
-    @property
-    def tokenizer(self) -> ChatTokenizer:
-        return self.inner.tokenizer
-
     def __getattr__(self, name: str) -> Any:  # engine-specific extras (startup_s, ...)
         return getattr(self.inner, name)
 
@@ -202,7 +187,7 @@ def _builtin(name: str) -> Callable[[EngineConfig, Callable[[str], None] | None]
             from bot.engine_factory import _engine_died
             from inference.vllm_engine import VllmEngine
 
-            return VllmEngine(config, on_dead=_engine_died, on_fatal=on_fatal)
+            return VllmEngine(config, on_dead=functools.partial(_engine_died, "default"), on_fatal=on_fatal)
         if name == "openai":
             from inference.openai_engine import OpenAIEngine
 

@@ -227,6 +227,48 @@ class Engine(abc.ABC):
         """The model's tokenizer, for prompt rendering and token budgets."""
 
 
+class WrappedEngine(Engine):
+    """An engine that hands everything to ``inner``: the base of wrappers that watch or record the
+    requests going through (override :meth:`generate`, call ``self.inner``)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+
+    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
+        """Start ``inner``."""
+        await self.inner.start(warmup_messages)
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """``inner``'s stream for ``request``."""
+        return self.inner.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort in ``inner``."""
+        await self.inner.abort(request_id)
+
+    def health(self) -> EngineHealth:
+        """``inner``'s health."""
+        return self.inner.health()
+
+    def stats(self) -> EngineStats:
+        """``inner``'s stats."""
+        return self.inner.stats()
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Shut ``inner`` down."""
+        await self.inner.shutdown(drain_timeout_s)
+
+    def declare_dead(self, reason: str) -> bool:
+        """Hand the watchdog's verdict to ``inner``."""
+        return self.inner.declare_dead(reason)
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        """``inner``'s tokenizer."""
+        return self.inner.tokenizer
+
+
 class ChatTokenizer(abc.ABC):
     """Token counting and chat-template rendering with the model's own tokenizer."""
 

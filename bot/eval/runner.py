@@ -34,12 +34,10 @@ from bot.store.replay import bundle_from_dict
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 from inference.engine import (
     ChatMessage,
-    ChatTokenizer,
     Engine,
-    EngineHealth,
-    EngineStats,
     GenerationEvent,
     GenerationRequest,
+    WrappedEngine,
 )
 from inference.scenarios import ALERT_SUMMARY, ScenarioRegistry
 
@@ -48,37 +46,17 @@ logger = logging.getLogger(__name__)
 PLATFORM = "eval"
 
 
-class PromptTap(Engine):
+class PromptTap(WrappedEngine):
     """The configured engine, with the prompt of every request kept (the eval reads what reached it)."""
 
     def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.backend = inner.backend
+        super().__init__(inner)
         self.prompts: dict[str, list[ChatMessage]] = {}
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         self.prompts[request.request_id] = list(request.messages or [])
         async for event in self.inner.generate(request):
             yield event
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        await self.inner.shutdown(drain_timeout_s)
-
-    @property
-    def tokenizer(self) -> ChatTokenizer:
-        return self.inner.tokenizer
 
 
 class CaptureReply(ReplyStream):

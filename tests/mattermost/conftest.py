@@ -64,6 +64,7 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
     async def factory(
         *,
         max_tokens: int = 3,
+        ignore_eos: bool = False,
         bot_store: Store | None = None,
         wrap_engine: Callable[[Engine], Engine] | None = None,
         **overrides: Any,
@@ -91,7 +92,9 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
         settings = MattermostSettings(**fields)
         the_store = bot_store or store
         adapter = MattermostAdapter(settings, the_store)
-        pipeline = make_pipeline(wrap_engine(engine) if wrap_engine else engine, the_store, max_tokens)
+        pipeline = make_pipeline(
+            wrap_engine(engine) if wrap_engine else engine, the_store, max_tokens, ignore_eos=ignore_eos
+        )
         app = web.Application()
         app.add_routes(adapter.http_routes())
         runner = web.AppRunner(app, handle_signals=False)

@@ -27,7 +27,9 @@ ACTION_SECRET = "action-secret"
 SYSTEM_PROMPT = "You are opsbot, an incident assistant. Answer briefly."
 
 
-def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3) -> Pipeline:
+def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3, *, ignore_eos: bool = False) -> Pipeline:
+    """The pipeline on ``engine`` with every scenario's answer capped at ``max_tokens`` (exactly that
+    many with ``ignore_eos``: the random test model may otherwise stop at once)."""
     prompts = PromptBuilder(
         engine.tokenizer,
         system_prompt=SYSTEM_PROMPT,
@@ -36,7 +38,7 @@ def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3) -> Pipeline
         history_share=0.2,
     )
     overrides = {
-        name: {"max_tokens": max_tokens}
+        name: {"max_tokens": max_tokens, "ignore_eos": ignore_eos}
         for name in (ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT, THREAD_SUMMARY, POSTMORTEM)
     }
     return Pipeline(engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(overrides))

@@ -13,12 +13,13 @@ import gc
 import logging
 import os
 import re
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from engine_helpers import collect, wait_until
+from engine_helpers import make_request as _make_request
 
 from inference.admission import AdmittedEngine
 from inference.config import EngineConfig
@@ -28,9 +29,7 @@ from inference.engine import (
     ChatTokenizer,
     EngineDeadError,
     EngineGenerateError,
-    GenerationEvent,
     GenerationRequest,
-    GenerationResult,
     Lane,
     RequestAbortedError,
     SamplingSettings,
@@ -39,6 +38,13 @@ from inference.engine import (
 
 SYSTEM = ChatMessage("system", "You are opsbot, an incident assistant for Kubernetes clusters.")
 QUESTION = [SYSTEM, ChatMessage("user", "Why is checkout-api crashlooping?")]
+
+
+def make_request(
+    request_id: str, *, messages: list[ChatMessage] | None = None, **kw: object
+) -> GenerationRequest:
+    """:func:`engine_helpers.make_request` with this module's system prompt by default."""
+    return _make_request(request_id, messages=messages or QUESTION, **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -79,42 +85,6 @@ def engine(kind: Kind) -> Iterator[CpuEngine]:
     asyncio.run(eng.start([SYSTEM]))
     yield eng
     asyncio.run(eng.shutdown(drain_timeout_s=5))
-
-
-def make_request(
-    request_id: str,
-    *,
-    lane: Lane = Lane.NORMAL,
-    messages: list[ChatMessage] | None = None,
-    **sampling: object,
-) -> GenerationRequest:
-    settings = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 12, "seed": 7, "ignore_eos": True}
-    settings.update(sampling)
-    return GenerationRequest(
-        request_id=request_id,
-        scenario="chat",
-        lane=lane,
-        sampling=SamplingSettings(**settings),  # type: ignore[arg-type]
-        messages=messages or QUESTION,
-    )
-
-
-async def collect(stream: AsyncIterator[GenerationEvent]) -> tuple[list[str], GenerationResult]:
-    deltas: list[str] = []
-    async for event in stream:
-        if isinstance(event, TextDelta):
-            deltas.append(event.text)
-        else:
-            return deltas, event
-    raise AssertionError("the stream ended without a GenerationResult")
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.005)
 
 
 def stopped_after(caplog: pytest.LogCaptureFixture, request_id: str) -> int:

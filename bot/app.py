@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -141,6 +142,12 @@ class OpsBot:
         # Answers a dead replica (or this one's previous run) left half-done get their note.
         self.sweeper = ClaimSweeper(self.store, {adapter.platform: adapter for adapter in self.adapters})
         self.sweeper.start()
+        # Everything start-up built (model tokenizer, config, SDK clients, torch when loaded) lives
+        # until exit: moved out of the collector's generations, so a full collection in the middle
+        # of an incident walks only what requests allocate, not ~1M long-lived objects (a pause
+        # of tens to hundreds of ms on the event loop otherwise). vLLM freezes its own heap too.
+        gc.collect()
+        gc.freeze()
 
     def _alert_receiver(self, adapters: list[ChatAdapter]) -> AlertmanagerReceiver | None:
         if not self.settings.alertmanager.enabled:

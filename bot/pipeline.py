@@ -2,10 +2,11 @@
 
 submit (the pipeline owns the message from here) -> claim the event (de-duplication) -> access
 policy -> commands (help / status) -> scenario and lane (:mod:`bot.routing`) -> sign of life and
-placeholder in the thread (for an answer that starts its thread, cluster context meanwhile) ->
-thread history + cluster context (concurrently) -> prompt (token ids) -> engine stream, the
-sources line shown meanwhile -> throttled edits -> final answer with footer -> thread turns and one
-request row stored.
+placeholder in the thread, and meanwhile, for an answer that starts its thread, thread history +
+cluster context (concurrently) -> prompt (token ids) -> engine submit (asked in a thread: these
+three after the placeholder, which the thread read-back leaves out) -> the sources line, then
+throttled edits as the engine streams -> final answer with footer -> thread turns and one request
+row stored.
 
 Every failure ends as a short message in the thread and a request row with its status: the user
 never meets silence, and the store never misses a request. Statuses, one per branch of the error
@@ -24,7 +25,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,7 @@ from inference.engine import (
     EngineGenerateError,
     EngineOverloadedError,
     EngineStats,
+    GenerationEvent,
     GenerationRequest,
     GenerationResult,
     Lane,
@@ -348,19 +351,19 @@ class Pipeline:
         )
         reply: ReplyStream | None = None
         # Nothing waits on the platform that need not: for an answer that starts its thread, the
-        # cluster context is gathered while the sign of life and the placeholder are posted (in
-        # that order: the reaction is the first thing the asker sees), and the engine gets the
-        # request before the sources line is shown (bench/e2e_bench.py measures event -> submit).
-        early: asyncio.Task[_Gathered] | None = None
-        if not in_thread:  # nothing in _gather depends on the reply's thread yet
-            early = asyncio.create_task(self._gather(message, "", scenario, lane, adapter, None))
+        # cluster context is gathered, the prompt built and the request handed to the engine while
+        # the sign of life and the placeholder are posted (in that order: the reaction is the
+        # first thing the asker sees). Only the first words wait for the placeholder; the engine
+        # does not (bench/e2e_bench.py measures event -> engine submit).
+        early: asyncio.Task[_Prepared] | None = None
+        if not in_thread:  # nothing before the engine depends on the reply's thread yet
+            early = asyncio.create_task(self._prepare(message, "", scenario, lane, record, adapter, None))
+        prepared: _Prepared | None = None
         await adapter.acknowledge(message)  # never raises
         try:
             try:
                 reply = await adapter.open_reply(message)
             except PlatformError as exc:
-                if early is not None:
-                    early.cancel()
                 metrics.REPLIES_FAILED.labels(message.platform).inc()
                 logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
                 record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
@@ -371,10 +374,13 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            await self._answer_into(message, reply, scenario, lane, record, adapter, in_thread, early)
-        except asyncio.CancelledError:
             if early is not None:
-                early.cancel()
+                prepared = await early
+            else:  # asked in a thread: read back without the placeholder just posted there
+                own = tuple(reply.posted_ids())
+                prepared = await self._prepare(message, reply.thread_id, scenario, lane, record, adapter, own)
+            await self._answer_into(message, reply, scenario, record, adapter, prepared)
+        except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
             if reply is not None:
@@ -383,46 +389,28 @@ class Pipeline:
                     await asyncio.wait_for(asyncio.shield(note), CANCEL_GRACE_S)
             raise
         finally:
+            _discard(early, prepared)  # an engine request nobody will read is aborted
             await self._finish_record(record, message)
             await adapter.conclude(message, ok=record.status == "ok")
 
-    async def _answer_into(
+    async def _prepare(
         self,
         message: IncomingMessage,
-        reply: ReplyStream,
+        thread_id: str,
         scenario: str,
         lane: Lane,
         record: RequestRecord,
         adapter: ChatAdapter,
-        in_thread: bool = False,
-        gathered: asyncio.Task[_Gathered] | None = None,
-    ) -> None:
+        own: Sequence[str] | None,
+    ) -> _Prepared:
+        """Everything before the first word: thread history and cluster context (:meth:`_gather`),
+        the prompt, and the request submitted to the scenario's engine (its events buffered in a
+        :class:`_StartedStream` until the reply reads them)."""
         sampling = self.scenarios.get(scenario)
         engine_name, engine = self.engines.engine_for(scenario)
         prompts = self.prompts_by_engine.get(engine_name, self.prompts)
-        if gathered is not None:  # started beside the placeholder (an answer that starts its thread)
-            history, bundle, context_ms = await gathered
-        else:
-            # The placeholder just posted is in the thread too: not part of what people wrote.
-            own = tuple(reply.posted_ids()) if in_thread else None
-            history, bundle, context_ms = await self._gather(
-                message, reply.thread_id, scenario, lane, adapter, own
-            )
-        record.context_ms = context_ms
-        record.replay_inputs = replay.encode(  # what `opsbot feedback export` replays this answer from
-            question=message.text,
-            asker=message.user_name or message.user,
-            scenario=scenario,
-            max_tokens=sampling.max_tokens,
-            system_prompt=prompts.system_prompt,
-            history=history,
-            bundle=bundle,
-        )
-        # Shown while the engine already has the request; awaited before the first text edit.
-        sources = asyncio.create_task(reply.show_sources(bundle.notes if bundle else []))
-        plan: PromptPlan | None = None
-        result: GenerationResult | None = None
-        error: str | None = None
+        history, bundle, context_ms = await self._gather(message, thread_id, scenario, lane, adapter, own)
+        prepared = _Prepared(history=history, bundle=bundle, context_ms=context_ms, prompts=prompts)
         try:
             plan = prompts.build(
                 scenario=scenario,
@@ -434,21 +422,55 @@ class Pipeline:
             )
         except (EngineGenerateError, EngineDeadError) as exc:
             # The model server's own tokenizer (engine.backend = "openai") fails like the engine.
-            text, error = "", _engine_failure(exc, record)
+            prepared.error = _engine_failure(exc, record)
             logger.warning("request %s: %s", message.request_id, record.error)
-        else:
-            record.prompt_tokens = plan.prompt_tokens
-            request = GenerationRequest(
-                request_id=message.request_id,
-                scenario=scenario,
-                lane=lane,
-                sampling=sampling,
-                prompt_token_ids=plan.token_ids,
-                messages=plan.messages,  # for a remote server that takes chat messages, not ids
+            return prepared
+        record.prompt_tokens = plan.prompt_tokens
+        prepared.plan = plan
+        prepared.events = _StartedStream(
+            engine.generate(
+                GenerationRequest(
+                    request_id=message.request_id,
+                    scenario=scenario,
+                    lane=lane,
+                    sampling=sampling,
+                    prompt_token_ids=plan.token_ids,
+                    messages=plan.messages,  # for a remote server that takes chat messages, not ids
+                )
             )
+        )
+        return prepared
+
+    async def _answer_into(
+        self,
+        message: IncomingMessage,
+        reply: ReplyStream,
+        scenario: str,
+        record: RequestRecord,
+        adapter: ChatAdapter,
+        prepared: _Prepared,
+    ) -> None:
+        sampling = self.scenarios.get(scenario)
+        history, bundle, plan = prepared.history, prepared.bundle, prepared.plan
+        record.context_ms = prepared.context_ms
+        record.replay_inputs = replay.encode(  # what `opsbot feedback export` replays this answer from
+            question=message.text,
+            asker=message.user_name or message.user,
+            scenario=scenario,
+            max_tokens=sampling.max_tokens,
+            system_prompt=prepared.prompts.system_prompt,
+            history=history,
+            bundle=bundle,
+        )
+        # Shown while the engine already has the request; awaited before the first text edit.
+        sources = asyncio.create_task(reply.show_sources(bundle.notes if bundle else []))
+        text, result, error = "", None, prepared.error
+        if prepared.events is not None:
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
-            text, result, error = await self._generate(request, stream, record, engine, sources)
+            text, result, error = await self._generate(
+                message.request_id, prepared.events, stream, record, sources
+            )
         await sources
         shown = text
         if scenario == POSTMORTEM and error is None and text:
@@ -604,14 +626,14 @@ class Pipeline:
 
     async def _generate(
         self,
-        request: GenerationRequest,
+        request_id: str,
+        events: _StartedStream,
         reply: ReplyStream,
         record: RequestRecord,
-        engine: Engine,
         before_text: asyncio.Future[None] | None = None,
     ) -> tuple[str, GenerationResult | None, str | None]:
-        """Run ``engine``'s stream (the scenario's engine) into ``reply``; returns (text, result,
-        user-facing error).
+        """Run the engine's stream (already submitted by :meth:`_prepare`) into ``reply``; returns
+        (text, result, user-facing error).
 
         ``before_text`` (the sources line being shown) is awaited before the first text edit, so
         the reply's posts keep their order while the engine already works.
@@ -623,9 +645,8 @@ class Pipeline:
         result: GenerationResult | None = None
         error: str | None = None
         last_update = 0.0
-        stream = engine.generate(request)
         try:
-            async for event in stream:
+            async for event in events:
                 if isinstance(event, TextDelta):
                     text += event.text
                     now = time.perf_counter()
@@ -640,11 +661,10 @@ class Pipeline:
         except (EngineGenerateError, EngineDeadError) as exc:
             error = _engine_failure(exc, record)
         finally:
-            with contextlib.suppress(Exception):
-                await stream.aclose()  # type: ignore[attr-defined]
+            events.close()
         if error is not None:
             record.error = record.error or error
-            logger.warning("request %s: %s", request.request_id, record.error)
+            logger.warning("request %s: %s", request_id, record.error)
         if result is not None:
             text = result.text
             record.cached_tokens = result.cached_tokens
@@ -752,3 +772,70 @@ def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:
     """``message`` pointed at the thread its answer lives in (for a note after the answer began)."""
     message.thread_id = reply.thread_id
     return message
+
+
+@dataclass
+class _Prepared:
+    """What :meth:`Pipeline._prepare` hands to the reply: the context, the prompt, and the
+    engine's events (``None`` when the prompt could not be built: then ``error`` says why)."""
+
+    history: list[ThreadMessage]
+    bundle: ContextBundle | None
+    context_ms: float | None
+    prompts: PromptBuilder
+    plan: PromptPlan | None = None
+    events: _StartedStream | None = None
+    error: str | None = None
+
+
+class _StartedStream:
+    """An engine stream submitted at once and read later: a task pulls its events into a queue
+    (the engine never waits for the chat platform), and :meth:`close` aborts it (closing the
+    engine's stream is its abort)."""
+
+    def __init__(self, stream: AsyncIterator[GenerationEvent]) -> None:
+        self._stream = stream
+        self._events: asyncio.Queue[GenerationEvent | BaseException | None] = asyncio.Queue()
+        self._pump = asyncio.create_task(self._pull(), name="engine-stream")
+
+    async def _pull(self) -> None:
+        try:
+            async for event in self._stream:
+                self._events.put_nowait(event)
+            self._events.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the reader, raised where it reads
+            self._events.put_nowait(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._stream.aclose()  # type: ignore[attr-defined]
+
+    def __aiter__(self) -> _StartedStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        item = await self._events.get()
+        if item is None:
+            self._events.put_nowait(None)  # the end stays the end
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop reading: an engine request still running is aborted (idempotent)."""
+        self._pump.cancel()
+
+
+def _discard(early: asyncio.Task[_Prepared] | None, prepared: _Prepared | None) -> None:
+    """Abort the engine request of an answer that ended before its reply read it (the
+    placeholder failed, shutdown): a prepare still running is cancelled, a finished one's stream
+    closed."""
+    if prepared is None and early is not None and early.done() and not early.cancelled():
+        if early.exception() is None:
+            prepared = early.result()
+    elif early is not None and not early.done():
+        early.cancel()
+    if prepared is not None and prepared.events is not None:
+        prepared.events.close()

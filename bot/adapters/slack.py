@@ -481,9 +481,10 @@ class _NativeRendering(ReplyStream):
             {"type": "task_update", "id": "context", "title": "Cluster context", "status": "complete"}
         )
         try:
+            # The edit interval paces the answer's text, not this one task update: the first
+            # words go out as soon as the engine has them (the appendStream budget still holds).
             with ticket(Priority.STREAM, self._started_at):
                 await self.stream.append(chunks=chunks)
-            self._last_append = time.monotonic()
         except (SlackCallError, SlackRequestError) as exc:  # the footer still lists the sources
             logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
 

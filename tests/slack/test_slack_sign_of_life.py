@@ -1,12 +1,16 @@
 """A sign of life within a second that spends no channel post: a reaction on the asking message
-(the thread status in assistant threads), swapped for a done / failed reaction at the end."""
+(the thread status in assistant threads), swapped for a done / failed reaction at the end; and the
+engine never waits for the sign of life or the placeholder."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from fakes.paced_engine import FailingEngine
-from fakes.slack_harness import DEFAULTS, BotFactory, answers, settled
-from fakes.slack_server import FakeMessage, FakeSlack
+from fakes.recording_engine import RecordingEngine
+from fakes.slack_harness import DEFAULTS, BotFactory, answers, has_footer, settled
+from fakes.slack_server import FakeMessage, FakeSlack, FaultRule
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -111,3 +115,29 @@ async def test_in_an_assistant_thread_the_thread_status_is_the_sign_of_life(
     assert [s for _, ch, ts, s in slack.thread_statuses] == ["is looking into it…", ""]
     assert all((ch, ts) == ("D1", root["ts"]) for _, ch, ts, _ in slack.thread_statuses)
     assert not [c for c in slack.calls if c.method.startswith("reactions.")]
+
+
+async def test_the_engine_has_the_question_before_a_slow_placeholder_is_posted(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    """The placeholder is throttled (429, Retry-After 1 s): the engine is not kept waiting for it,
+    the answer still lands once, in the thread, after the placeholder."""
+    slack.rules.append(
+        FaultRule(methods=frozenset({"chat.startStream", "chat.postMessage"}), ratelimited=1.0, times=1)
+    )
+    bot = await make_bot(**DEFAULTS, wrap_engine=RecordingEngine)
+    engine: RecordingEngine = bot.engine  # type: ignore[assignment]
+    await _ask(slack)
+    for _ in range(100):  # the engine is not the fake's: polled
+        if engine.requests:
+            break
+        await asyncio.sleep(0.01)
+    assert slack.bot_messages("C1") == []  # submitted while the placeholder waits out Retry-After
+    await slack.wait_for(lambda: len(answers(slack, "C1")) == 1)
+    await settled(bot)
+    (reply,) = slack.bot_messages("C1")
+    assert reply.thread_ts is not None and has_footer(reply)
+    assert [c.fault for c in slack.calls if c.method in ("chat.startStream", "chat.postMessage")][:2] == [
+        "ratelimited",
+        None,
+    ]

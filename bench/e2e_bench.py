@@ -318,7 +318,10 @@ class SlackWorkspace(Workspace):
                 thread = msg.thread_ts if msg is not None else None
             if not thread:
                 continue
-            text = str(p.get("markdown_text") or p.get("text") or "")
+            if call.method.endswith("Stream"):  # slack_sdk sends streamed text as markdown chunks
+                text = FakeSlack._stream_text(p)[0]
+            else:
+                text = str(p.get("text") or "")
             footer = any(b.get("type") == "context" for b in (p.get("blocks") or []) if isinstance(b, dict))
             self._events.setdefault((channel, str(thread)), []).append((call.at, call.method, text, footer))
         self._index_at = len(calls)

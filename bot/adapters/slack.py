@@ -506,7 +506,9 @@ class _NativeRendering(ReplyStream):
             return ""  # rewritten (redaction): the final message repairs it
         cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
         stable = shown[: min(cut, self.limit)]
-        return stable[len(self._sent) :]
+        delta = stable[len(self._sent) :]
+        # Whitespace alone shows nothing yet and would spend the edit interval: wait for a word.
+        return delta if delta.strip() else ""
 
     async def _append_loop(self) -> None:
         budget = self._adapter.budget

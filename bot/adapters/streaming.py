@@ -313,6 +313,8 @@ class StreamingReply(ReplyStream):
                 await asyncio.sleep(wait)
             if self._latest is None or self._latest == self._shown or self._closed:
                 continue
+            if not self._latest.strip():  # whitespace shows nothing and would spend the interval
+                continue
             posting = not self.message_ids
             if posting and self.budget is not None:
                 if self.budget.spare(self.edit_method) < 1:

@@ -132,26 +132,32 @@ async def warm_incident_shapes(
         user = [rng.randrange(low, vocab_size) for _ in range(min(n, room))]
         return TokensPrompt(prompt_token_ids=system_ids + user)
 
-    def params(n: int) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=n, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA
-        )
+    def params(n: int, sampled: bool) -> SamplingParams:
+        # Both sampling paths, mixed in one batch as real traffic mixes them: greedy (batch
+        # analysis, evals) and temperature + top-p + repetition penalty (every chat scenario). vLLM
+        # JIT-compiles its top-k/top-p Triton kernel the first time a large batch needs it: on the
+        # H200 that stalled every request in flight for 1-3 s when urgent questions met a greedy
+        # batch after a greedy-only warm-up (bench/results/batch_bench-2026-12-01-h200.md).
+        sampling: dict[str, Any] = {"temperature": 0.0}
+        if sampled:
+            sampling = {"temperature": 0.3, "top_p": 0.95, "repetition_penalty": 1.05}
+        return SamplingParams(max_tokens=n, ignore_eos=True, output_kind=RequestOutputKind.DELTA, **sampling)
 
     by_priority = config.scheduling_policy == "priority"
 
-    async def one(tag: str, n_prompt: int, n_out: int, priority: int) -> None:
+    async def one(tag: str, n_prompt: int, n_out: int, priority: int, sampled: bool) -> None:
         rid = f"opsbot-warmup-{tag}-{uuid.uuid4().hex[:6]}"
         async for _ in llm.generate(
-            prompt(n_prompt), params(n_out), rid, priority=priority if by_priority else 0
+            prompt(n_prompt), params(n_out, sampled), rid, priority=priority if by_priority else 0
         ):
             pass
 
     busy = max(1, config.max_num_seqs - 8)
-    background = [asyncio.create_task(one(f"bg{i}", 256, 48, 10)) for i in range(busy)]
+    background = [asyncio.create_task(one(f"bg{i}", 256, 48, 10, i % 2 == 0)) for i in range(busy)]
     await asyncio.sleep(0.05)  # let the batch start decoding, then prefill beside it
     await asyncio.gather(
-        *(one(f"long{i}", 2048, 8, 5) for i in range(2)),
-        *(one(f"urgent{i}", 96, 16, 0) for i in range(8)),
+        *(one(f"long{i}", 2048, 8, 5, True) for i in range(2)),
+        *(one(f"urgent{i}", 96, 16, 0, i % 2 == 0) for i in range(8)),
     )
     await asyncio.gather(*background)
     elapsed = time.perf_counter() - t0

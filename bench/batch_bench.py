@@ -419,7 +419,16 @@ def meta(argv: list[str]) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"# Batch benchmark {report['meta']['date']}", "", f"`{report['meta']['command']}`", ""]
+    m = report["meta"]
+    lines = [
+        f"# Batch benchmark {m['date']}",
+        "",
+        f"`{m['command']}`",
+        "",
+        f"Hardware: {m.get('gpu') or 'no GPU'}, host {m.get('host')}; versions: python {m.get('python')}, "
+        f"vllm {m.get('vllm')}, torch {m.get('torch')}, transformers {m.get('transformers')}.",
+        "",
+    ]
     items = report.get("items", {})
     if items:
         s = items["savings"]

@@ -41,7 +41,7 @@ from bot.context.thread import thread_context, thread_failed
 from bot.errors import PlatformError
 from bot.postmortem import DraftProgress
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
-from bot.redact import redact
+from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage, replay
 from bot.store.records import Claim, percentile
@@ -70,7 +70,12 @@ if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline onl
 
 logger = logging.getLogger(__name__)
 
-_UPDATE_EVERY_S = 0.05  # redact + hand partial text to the adapter at most this often
+_UPDATE_EVERY_S = 0.2
+"""Partial text is redacted and handed to the reply at most this often (the first words at once).
+Platforms show it at most once per edit interval (1 s by default); redacting the growing text on
+every engine delta was a fifth of the event loop's CPU in bench/e2e_bench.py's profile."""
+_FIRST_WORDS_CHARS = 200
+"""Partial text shorter than this goes to the reply on every delta until something is visible."""
 _Gathered = tuple[list[ThreadMessage], ContextBundle | None, float | None]
 """What :meth:`Pipeline._gather` returns: stored turns, cluster context, context time in ms."""
 CANCEL_GRACE_S = 5.0
@@ -650,12 +655,16 @@ class Pipeline:
                 if isinstance(event, TextDelta):
                     text += event.text
                     now = time.perf_counter()
-                    if now - last_update >= _UPDATE_EVERY_S:
+                    # Until the first words are visible every delta is handed over (the text is
+                    # short, and the platform may be waiting for a whole word); then 5 a second.
+                    first = reply.first_visible_at is None and len(text) < _FIRST_WORDS_CHARS
+                    if first or now - last_update >= _UPDATE_EVERY_S:
                         if before_text is not None:
                             await before_text
                             before_text = None
                         last_update = time.perf_counter()
-                        await reply.update(redact(text))
+                        # Not counted in the redaction metric: the final text is, once.
+                        await reply.update(count_secrets(text)[0])
                 elif isinstance(event, GenerationResult):
                     result = event
         except (EngineGenerateError, EngineDeadError) as exc:

@@ -294,7 +294,8 @@ class StreamingReply(ReplyStream):
         with ticket(Priority.ACK):
             message_id = await self._paced_post(self.placeholder, None)
         self.message_ids.append(message_id)
-        self._last_edit = self.clock()
+        # The edit interval paces the answer's text: the first words replace the placeholder as
+        # soon as they exist (the app-wide edit budget still holds), later edits wait their turn.
 
     async def update(self, text: str) -> None:
         if self._closed or (self.post_placeholder and not self.message_ids):

@@ -19,11 +19,19 @@ class RecordingEngine(WrappedEngine):
     def __init__(self, inner: Engine) -> None:
         super().__init__(inner)
         self.requests: list[GenerationRequest] = []
+        self.closed_early: list[str] = []
+        """Ids of the requests whose stream the caller closed before the engine finished it."""
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         self.requests.append(request)
-        async for event in self.inner.generate(request):
-            yield event
+        finished = False
+        try:
+            async for event in self.inner.generate(request):
+                yield event
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request.request_id)
 
     def last_prompt(self) -> str:
         """The last user turn of the last request."""

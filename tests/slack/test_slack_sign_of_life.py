@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes.paced_engine import FailingEngine
+from fakes.paced_engine import FailingEngine, PacedEngine
 from fakes.recording_engine import RecordingEngine
-from fakes.slack_harness import DEFAULTS, BotFactory, answers, has_footer, settled
+from fakes.slack_harness import DEFAULTS, BotFactory, answers, has_footer, request_rows, settled
 from fakes.slack_server import FakeMessage, FakeSlack, FaultRule
+
+from inference.engine import Engine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,3 +143,37 @@ async def test_the_engine_has_the_question_before_a_slow_placeholder_is_posted(
         "ratelimited",
         None,
     ]
+
+
+async def test_when_the_placeholder_cannot_be_posted_the_engine_request_is_aborted(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    """Slack keeps failing the placeholder: the request the engine already has is stopped (no
+    answer nobody will see keeps a batch slot), the row says why."""
+    slack.rules.append(
+        FaultRule(methods=frozenset({"chat.startStream", "chat.postMessage"}), server_error=1.0)
+    )
+    recorder: list[RecordingEngine] = []
+
+    def wrap(engine: Engine) -> Engine:
+        recorder.append(RecordingEngine(PacedEngine(engine, 0.2)))  # a long answer: 64 x 0.2 s
+        return recorder[0]
+
+    bot = await make_bot(  # the placeholder is the sign of life: it must be posted
+        **{**DEFAULTS, "streaming": "edit"},
+        ack_reaction="",
+        max_tokens=64,
+        wrap_engine=wrap,
+        retry={"initial_s": 0.01, "max_retries": 2},
+    )
+    await _ask(slack)
+    for _ in range(500):  # the engine is not the fake's: polled
+        if recorder and recorder[0].closed_early:
+            break
+        await asyncio.sleep(0.02)
+    await settled(bot)
+    (engine,) = recorder
+    assert [r.request_id for r in engine.requests] == engine.closed_early
+    assert slack.bot_messages("C1") == []
+    (row,) = await request_rows(bot.store)
+    assert row[2] != "ok"

@@ -246,7 +246,8 @@ class SlackSettings(AccessSettings):
     api_base_url: str = "https://slack.com/api/"
     """Web API base URL (tests and corporate proxies point it elsewhere)."""
     edit_interval_s: float = Field(1.0, ge=0)
-    """Least seconds between two edits of one streamed message."""
+    """Least seconds between two text updates of one streamed message (edits or stream appends);
+    the first words replace the placeholder as soon as they exist."""
     channel_post_interval_s: float = Field(1.0, ge=0)
     """Seconds per new post to one channel once its burst (``channel_post_burst``) is spent; a post's
     turn counts from when the previous one completed (0: no per-channel limit)."""
@@ -359,7 +360,8 @@ class MattermostSettings(AccessSettings):
     public_url: str | None = None
     """URL at which Mattermost reaches opsbot's HTTP server (for button actions)."""
     edit_interval_s: float = Field(1.0, ge=0)
-    """Least seconds between two edits of one streamed post."""
+    """Least seconds between two edits of one streamed post; the first words replace the
+    placeholder as soon as they exist."""
     websocket_silence_s: float = Field(60.0, gt=0)
     """Reconnect when no websocket frame arrived for this long (pings with a deadline, below, find a
     half-open socket sooner)."""

@@ -40,9 +40,6 @@ import io
 import json
 import logging
 import os
-import platform
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,8 +50,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-
 from gen_alerts import generate_alerts  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 
 from bot.adapters.console import ConsoleAdapter  # noqa: E402
 from bot.analyze.grouping import group_records  # noqa: E402
@@ -393,31 +390,6 @@ async def bot_phase(
 # --- report --------------------------------------------------------------------------------------
 
 
-def meta(argv: list[str]) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(a) for a in argv),
-        "python": platform.python_version(),
-        "host": platform.node(),
-    }
-    try:
-        info["gpu"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        ).stdout.strip()
-    except OSError as exc:
-        info["gpu"] = f"none ({exc.strerror})"
-    for mod in ("vllm", "torch", "transformers"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
-            info[mod] = f"unavailable ({type(exc).__name__})"
-    return info
-
-
 def table(report: dict[str, Any]) -> str:
     m = report["meta"]
     lines = [
@@ -494,7 +466,7 @@ async def main_async(args: argparse.Namespace) -> int:
     wanted = [s for s in args.items.split(",") if s]
     sets = {name: items for name, items in sets.items() if name in wanted or name == "each"}
     report: dict[str, Any] = {
-        "meta": meta(sys.argv),
+        "meta": run_meta(sys.argv),
         "engine": cfg.model_dump(mode="json", include={"backend", "model", "max_model_len", "max_num_seqs"}),
         "max_tokens": args.max_tokens,
         "items": facts,

@@ -44,11 +44,8 @@ import datetime as dt
 import json
 import logging
 import os
-import platform
 import random
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -59,6 +56,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from run_meta import run_meta  # noqa: E402
 
 from inference.admission import AdmittedEngine  # noqa: E402
 from inference.config import AdmissionConfig, EngineConfig  # noqa: E402
@@ -771,31 +769,6 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def meta(argv: list[str]) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(a) for a in argv),
-        "python": platform.python_version(),
-        "host": platform.node(),
-    }
-    try:
-        info["gpu"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        ).stdout.strip()
-    except OSError as exc:
-        info["gpu"] = f"unknown ({exc})"
-    for mod in ("vllm", "torch", "transformers"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
-            info[mod] = f"unavailable ({type(exc).__name__})"
-    return info
-
-
 def model_folders(args: argparse.Namespace) -> dict[str, Path]:
     from inference.testmodel import TEST_MODEL_VERSION, build_test_model
 
@@ -834,7 +807,7 @@ async def main_async(args: argparse.Namespace) -> int:
         len(wl.pressure_background[0]),
     )
     report: dict[str, Any] = {
-        "meta": meta(sys.argv),
+        "meta": run_meta(sys.argv),
         "workload": {"system_prompt_tokens": wl.system_tokens},
         "runs": [],
     }

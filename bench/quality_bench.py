@@ -45,15 +45,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import importlib.util
 import json
 import logging
 import math
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -62,6 +59,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from run_meta import run_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 logger = logging.getLogger("quality_bench")
@@ -493,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "meta": meta(args),
+        "meta": run_meta(sys.argv),
         "model": {"folder": str(model), "gguf": args.gguf, "note": "real weights, dequantized from Q4_1"},
         "prompts": len(prompts),
         "prompt_tokens_mean": round(statistics.fmean(len(p) for p in prompts), 1),
@@ -611,33 +610,6 @@ def table(report: dict[str, Any]) -> str:
             f"{c.get('greedy_common_prefix_mean_tokens')} | {c['missing_share']} | {c.get('load_s')} |"
         )
     return "\n".join(lines)
-
-
-def meta(args: argparse.Namespace) -> dict[str, Any]:
-    """Date, host, GPU, versions and the exact command of this run."""
-    info: dict[str, Any] = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "command": shlex.join([sys.executable, *sys.argv]),
-    }
-    try:
-        info["gpu"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        info["gpu"] = ""
-    info["gpu"] = info["gpu"] or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
-    for mod in ("vllm", "torch", "transformers"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
-            info[mod] = f"unavailable ({type(exc).__name__})"
-    return info
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""What every benchmark result carries (bench/README.md's rule): date, host, GPU, versions and the
+exact command. One copy for ``engine_bench.py``, ``batch_bench.py`` and ``quality_bench.py``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+
+def run_meta(argv: Sequence[str]) -> dict[str, Any]:
+    """``date`` (UTC), ``command`` (``python`` + ``argv``, quoted), ``python``, ``host``, ``gpu``
+    (nvidia-smi's name, driver and memory, or the CPU when there is none) and the versions of
+    vllm, torch and transformers (``unavailable (...)`` where one cannot be imported)."""
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python " + shlex.join(argv),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        gpu = ""
+    info["gpu"] = gpu or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
+    for mod in ("vllm", "torch", "transformers"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
+            info[mod] = f"unavailable ({type(exc).__name__})"
+    return info

@@ -45,7 +45,7 @@ from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage, replay
 from bot.store.records import Claim, percentile
-from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead, clean_text
 from inference.context import request_scope
 from inference.engine import (
     Engine,
@@ -682,7 +682,9 @@ class Pipeline:
             record.queue_ms = result.queue_ms
             record.ttft_ms = result.ttft_ms
             record.tpot_ms = result.tpot_ms
-        return redact(text), result, error
+        # One text for the thread, the postmortem file and the stored turn: what no store or
+        # platform takes (NUL, lone surrogates: a random model emits them) is replaced here once.
+        return clean_text(redact(text)), result, error
 
     async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
         if record.e2e_ms is None:  # ended before an answer was complete: time to the failure

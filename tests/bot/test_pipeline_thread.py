@@ -6,6 +6,7 @@ tests/mattermost)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from bot.config import ThreadSettings
 from bot.errors import PlatformRejected
 from bot.pipeline import Pipeline
 from bot.types import IncomingMessage, MessageKind, ThreadPost, ThreadRead
+from inference.engine import GenerationEvent, GenerationRequest, GenerationResult
 
 T0 = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
 
@@ -172,6 +174,37 @@ async def test_a_postmortem_is_uploaded_as_a_markdown_file_with_a_short_message(
     # The stored turn is the draft (follow-ups can refer to it), not the note about the file.
     history = await parts.store.thread_history("console", "terminal", adapter.session)
     assert history[-1].content == upload["content"].decode().rstrip("\n")
+
+
+class _NulEngine(RecordingEngine):
+    """The real engine, its answer with a NUL in the middle (a random model emits such bytes)."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        async for event in super().generate(request):
+            if isinstance(event, GenerationResult):
+                event = dataclasses.replace(event, text=event.text[:20] + "\x00" + event.text[20:])
+            yield event
+
+
+async def test_a_postmortem_with_a_nul_in_the_answer_is_the_same_text_in_the_file_and_the_turn(
+    parts: Any,
+) -> None:
+    pipeline = Pipeline(
+        engine=_NulEngine(parts.engine),
+        store=parts.store,
+        prompts=parts.pipeline.prompts,
+        scenarios=parts.pipeline.scenarios,
+        model_name="tiny",
+        thread=ThreadSettings(timeout_s=0.5),
+    )
+    adapter = ThreadConsole(_posts(), stdin=io.StringIO(""), stdout=io.StringIO())
+    await adapter.start(submit_to(pipeline, adapter))
+    await adapter._submit(adapter.to_message("/rca postmortem"))  # type: ignore[misc]
+    (upload,) = adapter.uploads
+    content = upload["content"].decode()
+    assert "\x00" not in content and "\ufffd" in content  # PostgreSQL text refuses NUL
+    history = await parts.store.thread_history("console", "terminal", adapter.session)
+    assert history[-1].content == content.rstrip("\n")
 
 
 async def test_a_refused_upload_puts_the_draft_inline_with_the_reason(thread_parts) -> None:

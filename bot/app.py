@@ -144,8 +144,8 @@ class OpsBot:
         self.sweeper.start()
         # Everything start-up built (model tokenizer, config, SDK clients, torch when loaded) lives
         # until exit: moved out of the collector's generations, so a full collection in the middle
-        # of an incident walks only what requests allocate, not ~1M long-lived objects (a pause
-        # of tens to hundreds of ms on the event loop otherwise). vLLM freezes its own heap too.
+        # of an incident walks only what requests allocate, not every long-lived object (a pause
+        # of the event loop; not measured separately here). vLLM freezes its own heap the same way.
         gc.collect()
         gc.freeze()
 

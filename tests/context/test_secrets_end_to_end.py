@@ -13,7 +13,7 @@ import io
 import logging
 import re
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,10 @@ from bot.types import IncomingMessage, MessageKind
 from inference.engine import (
     ChatMessage,
     Engine,
-    EngineHealth,
-    EngineStats,
     GenerationEvent,
     GenerationRequest,
     TextDelta,
+    WrappedEngine,
 )
 from inference.scenarios import ScenarioRegistry
 
@@ -44,17 +43,13 @@ POD = "leaky-7d9f8c6b5-q8w2e"
 _FENCED = re.compile(r"<<<DATA id=(\w+)[^>]*>>>.*?<<<END DATA id=\1>>>", re.S)
 
 
-class RecordingEngine(Engine):
+class RecordingEngine(WrappedEngine):
     """Delegates to a real engine; keeps every request, optionally prepends a leaked secret."""
 
     def __init__(self, inner: Engine, leak: str | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.leak = leak
         self.requests: list[GenerationRequest] = []
-        self.backend = inner.backend
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         self.requests.append(request)
@@ -64,22 +59,6 @@ class RecordingEngine(Engine):
             if self.leak and not isinstance(event, TextDelta):
                 event.text = f"The config shows {self.leak} as the password. " + event.text
             yield event
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        await self.inner.shutdown(drain_timeout_s)
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
 
 
 @pytest.fixture

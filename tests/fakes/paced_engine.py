@@ -12,31 +12,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 from inference.engine import (
-    ChatMessage,
-    ChatTokenizer,
     Engine,
     EngineGenerateError,
-    EngineHealth,
-    EngineStats,
     GenerationEvent,
     GenerationRequest,
     GenerationResult,
     TextDelta,
+    WrappedEngine,
 )
 
 
-class PacedEngine(Engine):
+class PacedEngine(WrappedEngine):
     """Wraps an engine; replays each answer's deltas ``token_interval_s`` apart (nothing else changes)."""
 
     def __init__(self, inner: Engine, token_interval_s: float = 0.1) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.token_interval_s = token_interval_s
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         started = time.perf_counter()
@@ -55,22 +49,6 @@ class PacedEngine(Engine):
                     ttft_ms=((first or done) - started) * 1000,
                     e2e_ms=(done - started) * 1000,
                 )
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        await self.inner.shutdown(drain_timeout_s)
-
-    @property
-    def tokenizer(self) -> ChatTokenizer:
-        return self.inner.tokenizer
 
 
 class FailingEngine(PacedEngine):

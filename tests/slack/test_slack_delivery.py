@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,47 +12,28 @@ from fakes.slack_server import CHAT_METHODS, ApiCall, FakeSlack, FaultRule
 
 from bot.metrics import CHAT_API_RETRIES
 from inference.engine import (
-    ChatMessage,
-    ChatTokenizer,
     Engine,
-    EngineHealth,
-    EngineStats,
     GenerationEvent,
     GenerationRequest,
+    WrappedEngine,
 )
 
 
-class StalledEngine(Engine):
+class StalledEngine(WrappedEngine):
     """The real engine, except that ``generate`` waits until the test releases it (stalling only)."""
 
     def __init__(self, inner: Engine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.release = asyncio.Event()
-
-    async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
-        await self.inner.start(warmup_messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         await self.release.wait()
         async for event in self.inner.generate(request):
             yield event
 
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    def health(self) -> EngineHealth:
-        return self.inner.health()
-
-    def stats(self) -> EngineStats:
-        return self.inner.stats()
-
     async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
         self.release.set()
         await self.inner.shutdown(drain_timeout_s)
-
-    @property
-    def tokenizer(self) -> ChatTokenizer:
-        return self.inner.tokenizer
 
 
 async def _mention_four_times(slack: FakeSlack, channel: str, text: str) -> dict[str, Any]:

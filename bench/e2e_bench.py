@@ -67,6 +67,7 @@ for _p in (ROOT, ROOT / "tests"):
 
 from fakes.mattermost_server import FakeMattermost  # noqa: E402
 from fakes.slack_server import FakeSlack  # noqa: E402
+from run_meta import gpu_line  # noqa: E402
 
 logger = logging.getLogger("e2e_bench")
 
@@ -1177,15 +1178,7 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
             versions[mod] = str(getattr(__import__(mod), "__version__", "?"))
         except Exception as exc:  # noqa: BLE001 - report, do not fail the run
             versions[mod] = f"unavailable ({type(exc).__name__})"
-    gpu = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        gpu = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        ).stdout.strip()
+    gpu = gpu_line()
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(shlex.quote(a) for a in argv),

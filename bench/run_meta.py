@@ -22,20 +22,24 @@ def run_meta(argv: Sequence[str]) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
     }
-    try:
-        gpu = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        gpu = ""
-    info["gpu"] = gpu or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
+    info["gpu"] = gpu_line() or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
     for mod in ("vllm", "torch", "transformers"):
         try:
             info[mod] = __import__(mod).__version__
         except Exception as exc:  # noqa: BLE001 - report, do not fail the run
             info[mod] = f"unavailable ({type(exc).__name__})"
     return info
+
+
+def gpu_line() -> str:
+    """nvidia-smi's name, driver and memory of each GPU ("" without a GPU or nvidia-smi)."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""

@@ -424,6 +424,75 @@ def engine_config(
     )
 
 
+INT4_GROUP = 128
+"""Group size of the AWQ / GPTQ test checkpoints (``make-test-model --quant``)."""
+
+
+def weight_bytes(model_dir: Path, weights: str) -> int:
+    """Bytes of weights one decode step reads, from the checkpoint's shapes and ``weights`` format
+    (``bf16``, ``fp8``, ``awq``, ``gptq``): the linear layers in that format (INT4: packed 4-bit
+    values plus an fp16 scale and a 4-bit zero point per group of 128), embeddings, the output
+    head and the norms in 16 bits, as vLLM keeps them. Dummy weights have no file to measure."""
+    c = json.loads((model_dir / "config.json").read_text())
+    hidden, inter, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    head_dim = hidden // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+    linear = layers * (hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inter)
+    per_param = {
+        "bf16": 2.0,
+        "fp8": 1.0,
+        "awq": 0.5 + (2 + 0.5) / INT4_GROUP,
+        "gptq": 0.5 + (2 + 0.5) / INT4_GROUP,
+    }[weights]
+    heads = 1 if c.get("tie_word_embeddings") else 2
+    sixteen_bit = heads * c["vocab_size"] * hidden + (2 * layers + 1) * hidden
+    return int(linear * per_param + sixteen_bit * 2)
+
+
+_BANDWIDTH_PROBE = r"""
+import json, torch
+n = 4 << 30  # 4 GiB each way: far beyond every cache
+a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(20):
+    b.copy_(a)
+end.record(); torch.cuda.synchronize()
+seconds = start.elapsed_time(end) / 1000
+print(json.dumps({"hbm_gb_s": round(2 * n * 20 / seconds / 1e9, 1), "device": torch.cuda.get_device_name()}))
+"""
+
+
+def measure_hbm_bandwidth() -> dict[str, Any]:
+    """Device-to-device copy bandwidth (read + write bytes per second) of 4 GiB buffers, measured
+    in a child process so this process never holds a CUDA context beside the engines."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _BANDWIDTH_PROBE], capture_output=True, text=True, timeout=120, check=True
+        )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        logger.warning("HBM bandwidth not measured: %s", exc)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def bandwidth_floor(name: str, models: dict[str, Path], hbm: dict[str, Any]) -> dict[str, Any]:
+    """Weight bytes of configuration ``name`` and its single-stream TPOT floor: one decode step
+    must read every weight once, so TPOT >= weight bytes / measured HBM bandwidth."""
+    weights = name.partition("+")[0]
+    folder = models["awq" if weights == "awq" else "gptq" if weights == "gptq" else "8b"]
+    size = weight_bytes(folder, weights)
+    out: dict[str, Any] = {"weight_gb": round(size / 1e9, 2)}
+    if hbm.get("hbm_gb_s"):
+        out["tpot_floor_ms"] = round(size / (hbm["hbm_gb_s"] * 1e9) * 1000, 2)
+    return out
+
+
 def kv_capacity_tokens(llm: Any, block_size: int) -> int | None:
     """KV-cache capacity in tokens, as the engine core sized it."""
     try:
@@ -692,17 +761,22 @@ def table(report: dict[str, Any]) -> str:
     runs = [r for r in report["runs"] if "error" not in r]
     lines = [
         *meta_header(report.get("meta", {})),
-        "| config | warm-up | layer | startup s | KV tokens | single TTFT cold / warm ms | TPOT ms | "
-        "burst 8 / 32 / 64 TTFT p99 ms | burst 64 tok/s | sys prompt cached (min) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"HBM bandwidth (device copy, read + write): {report.get('hbm', {}).get('hbm_gb_s', '?')} GB/s; "
+        "TPOT floor = weight bytes / that bandwidth.",
+        "",
+        "| config | warm-up | layer | startup s | weights GB | KV tokens | single TTFT cold / warm ms | "
+        "TPOT ms | TPOT floor ms (x) | burst 8 / 32 / 64 TTFT p99 ms | burst 64 tok/s | "
+        "sys prompt cached (min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         if "burst64" not in r:
             continue
         lines.append(
-            f"| {r['config']} | {r['warmup']} | {r['layer']} | {r['startup_s']} | "
+            f"| {r['config']} | {r['warmup']} | {r['layer']} | {r['startup_s']} | {r.get('weight_gb')} | "
             f"{r.get('kv_capacity_tokens')} | "
             f"{r['single_cold']['ttft']} / {r['single_warm']['ttft']} | {r['single_warm']['tpot']} | "
+            f"{r.get('tpot_floor_ms')} ({r.get('tpot_over_floor')}) | "
             f"{r['burst8']['ttft_p99']} / {r['burst32']['ttft_p99']} / {r['burst64']['ttft_p99']} | "
             f"{r['burst64']['tok_s']} | {r.get('system_prompt_cached_min', float('nan')):.3f} |"
         )
@@ -817,6 +891,8 @@ async def main_async(args: argparse.Namespace) -> int:
         print(json.dumps({"plan": plan, "pressure": args.pressure, **report}, indent=2))
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
+    report["hbm"] = measure_hbm_bandwidth() if configs else {}
+    logger.info("HBM bandwidth: %s", report["hbm"])
 
     def save() -> None:
         report["compare"] = compare([r for r in report["runs"] if "error" not in r])
@@ -831,7 +907,9 @@ async def main_async(args: argparse.Namespace) -> int:
         except Exception as exc:  # keep the other engines' numbers
             logger.exception("%s / %s / %s failed", name, warmup, layer)
             run = {"layer": layer, "error": f"{type(exc).__name__}: {exc}"}
-        run.update({"config": name, "warmup": warmup})
+        run.update({"config": name, "warmup": warmup, **bandwidth_floor(name, models, report["hbm"])})
+        if run.get("tpot_floor_ms") and run.get("single_warm", {}).get("tpot"):
+            run["tpot_over_floor"] = round(run["single_warm"]["tpot"] / run["tpot_floor_ms"], 2)
         report["runs"].append(run)
         save()
     if args.split:

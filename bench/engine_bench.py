@@ -481,6 +481,33 @@ def measure_hbm_bandwidth() -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+async def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> None:
+    """Wait until ``fraction`` of GPU 0 is free again: a stopped engine core's process gives its
+    memory back seconds after shutdown returns (seen on the H200: the next engine found 21 GiB
+    free and refused to start)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        line = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        try:
+            free, total = (float(x) for x in line.split(","))
+        except ValueError:
+            return
+        if free >= fraction * total or time.monotonic() > deadline:
+            if free < fraction * total:
+                logger.warning("GPU memory in use after %.0f s: %.0f of %.0f MiB free", timeout_s, free, total)
+            return
+        await asyncio.sleep(1.0)
+
+
 def bandwidth_floor(name: str, models: dict[str, Path], hbm: dict[str, Any]) -> dict[str, Any]:
     """Weight bytes of configuration ``name`` and its single-stream TPOT floor: one decode step
     must read every weight once, so TPOT >= weight bytes / measured HBM bandwidth."""
@@ -510,6 +537,7 @@ class OpsbotEngine:
         self.engine = VllmEngine(cfg)
 
     async def __aenter__(self) -> OpsbotEngine:
+        await wait_for_gpu_memory(self.cfg.gpu_memory_utilization + 0.02)
         await self.engine.start([ChatMessage("system", self.wl.system)])
         assert self.engine.warmup_prompt_tokens == self.wl.system_tokens
         return self
@@ -553,6 +581,7 @@ class RawEngine:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        await wait_for_gpu_memory(self.cfg.gpu_memory_utilization + 0.02)
         t0 = time.perf_counter()
         args = AsyncEngineArgs(**engine_args_kwargs(self.cfg, self.quantization))
         # The same stat logger as the opsbot engine: equal per-step cost, and preemption counts.
@@ -647,6 +676,7 @@ async def bench_split(args: argparse.Namespace, models: dict[str, Path], wl: Wor
     one_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
         update={"gpu_memory_utilization": total}
     )
+    await wait_for_gpu_memory(total + 0.02)
     one = VllmEngine(one_cfg)
     engines = EngineSet.single(AdmittedEngine(one, AdmissionConfig()))
     await engines.start([ChatMessage("system", wl.system)])
@@ -662,6 +692,7 @@ async def bench_split(args: argparse.Namespace, models: dict[str, Path], wl: Wor
     rca_cfg = engine_config(args, args.split_rca, models, warmup="incident").model_copy(
         update={"gpu_memory_utilization": args.split_rca_mem}
     )
+    await wait_for_gpu_memory(total + 0.02)
     rca, summary = VllmEngine(rca_cfg), VllmEngine(summary_cfg)
     engines = EngineSet(
         {

@@ -503,7 +503,7 @@ async def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> None
             return
         if free >= fraction * total or time.monotonic() > deadline:
             if free < fraction * total:
-                logger.warning("GPU memory in use after %.0f s: %.0f of %.0f MiB free", timeout_s, free, total)
+                logger.warning("GPU memory in use after %.0f s: %.0f / %.0f MiB free", timeout_s, free, total)
             return
         await asyncio.sleep(1.0)
 

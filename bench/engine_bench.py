@@ -57,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from run_meta import run_meta  # noqa: E402
+from run_meta import wait_for_gpu_memory as wait_for_gpu_memory_sync  # noqa: E402
 
 from inference.admission import AdmittedEngine  # noqa: E402
 from inference.config import AdmissionConfig, EngineConfig  # noqa: E402
@@ -481,31 +482,9 @@ def measure_hbm_bandwidth() -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-async def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> None:
-    """Wait until ``fraction`` of GPU 0 is free again: a stopped engine core's process gives its
-    memory back seconds after shutdown returns (seen on the H200: the next engine found 21 GiB
-    free and refused to start)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") is None:
-        return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        line = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        try:
-            free, total = (float(x) for x in line.split(","))
-        except ValueError:
-            return
-        if free >= fraction * total or time.monotonic() > deadline:
-            if free < fraction * total:
-                logger.warning("GPU memory in use after %.0f s: %.0f / %.0f MiB free", timeout_s, free, total)
-            return
-        await asyncio.sleep(1.0)
+async def wait_for_gpu_memory(fraction: float) -> None:
+    """:func:`run_meta.wait_for_gpu_memory` off the event loop."""
+    await asyncio.to_thread(wait_for_gpu_memory_sync, fraction)
 
 
 def bandwidth_floor(name: str, models: dict[str, Path], hbm: dict[str, Any]) -> dict[str, Any]:

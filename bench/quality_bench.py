@@ -45,6 +45,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -60,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from run_meta import run_meta
+from run_meta import run_meta, wait_for_gpu_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 logger = logging.getLogger("quality_bench")
@@ -320,6 +321,19 @@ def convert(gguf: Path, out_dir: Path) -> Path:
 # --- scoring one configuration under vLLM (its own process) --------------------------------------
 
 
+def unsupported_reason(name: str) -> str | None:
+    """Why configuration ``name`` cannot run with the vLLM installed here (``None``: it can)."""
+    if CONFIGS.get(name, {}).get("quantization") != "gguf":
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        return None  # the child reports the missing vLLM itself
+    if importlib.util.find_spec("vllm.model_executor.model_loader.gguf_loader") is None:
+        from importlib.metadata import version
+
+        return f"vLLM {version('vllm')} has no GGUF loader (vllm.model_executor.model_loader.gguf_loader)"
+    return None
+
+
 def llm_kwargs(name: str, model: Path, gguf: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     """vLLM ``LLM`` arguments of configuration ``name``."""
     if name not in CONFIGS:
@@ -394,6 +408,10 @@ def score_config(args: argparse.Namespace) -> int:
             }
         )
     )
+    # Stop the engine core process now, not at interpreter teardown: there the child aborted on
+    # the H200 ("terminate called without an active exception", SIGABRT) after writing its result.
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
     return 0
 
 
@@ -508,6 +526,16 @@ def run(args: argparse.Namespace) -> int:
         # A configuration named again runs again: its second row is the run-to-run noise.
         label = name if configs.index(name) == k - 1 else f"{name} (run {configs[: k - 1].count(name) + 1})"
         logger.info("=== configuration %d of %d: %s ===", k, len(configs), label)
+        unsupported = unsupported_reason(name)
+        if unsupported is not None:
+            logger.error("%s skipped: %s", name, unsupported)
+            report["configs"][label] = {"error": unsupported, "wall_s": 0.0}
+            if ref is None:
+                raise SystemExit(f"the reference {reference} cannot run: {unsupported}")
+            save(report, out)
+            continue
+        if name not in HF_CONFIGS:  # the engine core of the one before may still hold its memory
+            wait_for_gpu_memory(args.gpu_memory_utilization + 0.02)
         job = work / "job.json"
         job.write_text(json.dumps({"prompts": prompts, "answers": ref_answers or None}))
         result_path = work / f"result-{k:02d}-{name}.json"
@@ -529,7 +557,9 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         done = subprocess.run(cmd, check=False, timeout=args.config_timeout_s)
         wall = round(time.perf_counter() - t0, 1)
-        if done.returncode != 0 or not result_path.is_file():
+        if done.returncode != 0 and result_path.is_file():
+            logger.warning("%s exited with status %d after writing its result", name, done.returncode)
+        if not result_path.is_file():
             failed = f"exit status {done.returncode} (see the log above)"
             report["configs"][label] = {"error": failed, "wall_s": wall}
             logger.error("%s failed (exit status %d)", name, done.returncode)

@@ -1,5 +1,6 @@
 """What every benchmark result carries (bench/README.md's rule): date, host, GPU, versions and the
-exact command. One copy for ``engine_bench.py``, ``batch_bench.py`` and ``quality_bench.py``."""
+exact command. One copy for ``engine_bench.py``, ``batch_bench.py`` and ``quality_bench.py``, with
+the GPU queries they share (:func:`gpu_line`, :func:`wait_for_gpu_memory`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import platform
 import shlex
 import subprocess
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,3 +45,29 @@ def gpu_line() -> str:
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> bool:
+    """Wait until ``fraction`` of GPU 0's memory is free; ``True`` when it is (also without
+    nvidia-smi: nothing to wait for). A stopped vLLM engine core process gives its memory back
+    seconds after its shutdown returns (seen on the H200: the next engine found 21 GiB free and
+    refused to start), so benchmarks that start engines one after another wait here first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            line = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout.strip()
+            free, total = (float(x) for x in line.splitlines()[0].split(","))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return True
+        if free >= fraction * total:
+            return True
+        if time.monotonic() > deadline:
+            print(f"GPU memory in use after {timeout_s:.0f} s: {free:.0f} / {total:.0f} MiB free", flush=True)
+            return False
+        time.sleep(1.0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 10 on the H200 (after stage.sh 02): the whole bot end to end, one engine after another on
-# the one GPU, 8B-class dummy model (.pytest_cache/opsbot-models/8b-v1), fake Slack (Socket Mode),
+# the one GPU, 8B-class dummy model (.pytest_cache/opsbot-models/8b-v2), fake Slack (Socket Mode),
 # budgets off, bursts of 8 / 32 / 64 over 16 channels (1 in 4 a /rca) and the incident pattern
 # (56 long follow-ups streaming, then 8 urgent /rca):
 #   1. opsbot + in-process vLLM, bf16                   -> $OUT/e2e-vllm-bf16.{json,md,png}
@@ -15,7 +15,7 @@
 set -uo pipefail
 source bench/h200/env.sh || exit $?
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-MODEL=$OPSBOT_TEST_MODELS/8b-v1
+MODEL=$OPSBOT_TEST_MODELS/8b-v2
 if [ ! -f "$MODEL/config.json" ]; then
   python3 -m bot.cli make-test-model "$MODEL" --size 8b || exit 3
 fi

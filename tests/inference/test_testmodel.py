@@ -126,6 +126,12 @@ def test_int4_8b_configs_are_detected_as_4_bit_with_groups_of_128(
     qc = raw["quantization_config"]
     assert qc["quant_method"] == quant and qc["bits"] == 4 and qc["group_size"] == 128
     assert raw["torch_dtype"] == "float16" and raw["hidden_size"] == 4096
+    if quant == "gptq":
+        # Dummy weights leave vLLM no packed tensors to find the quantized layers by: the config
+        # must name every linear layer of a Llama block, or they all load as 16-bit.
+        named = {m for group in qc["modules_in_block_to_quantize"] for m in group}
+        linear = {f"self_attn.{p}_proj" for p in "qkvo"} | {f"mlp.{p}_proj" for p in ("gate", "up", "down")}
+        assert named == linear
     info = detect_quantization(path)
     assert (info.method, info.bits) == (quant, 4)
     assert resolve_quantization(path, None).method == quant  # vLLM reads the checkpoint's own format

@@ -3,8 +3,10 @@
 # FP8, FP8 KV cache, the Q4_1 GGUF itself and in-flight bitsandbytes 4-bit.
 # The GGUF (94 MiB) does not fit one run's carry (64 MiB): split it here first with
 #   python bench/quality_bench.py split [--gguf FILE]     (writes .gguf/: 2 chunks + manifest)
+#   pip download --no-deps gguf==0.19.0 -d .gguf          (transformers' GGUF reader, not in the bundle)
 # then, on one warm machine (after stage.sh 00-02), three runs back to back:
-#   bench/h200/quality.sh 00    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.00 and .gguf/manifest.json
+#   bench/h200/quality.sh 00    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.00, .gguf/manifest.json
+#                               and .gguf/gguf-0.19.0-py3-none-any.whl
 #   bench/h200/quality.sh 01    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.01 and .gguf/manifest.json
 #   bench/h200/quality.sh run   join + sha256 check, dequantize to bf16, measure       (~5 min)
 set -uo pipefail
@@ -14,6 +16,9 @@ mkdir -p /tmp/q
 if [ "$step" != run ]; then
   cp ".gguf/SmolLM2-135M-Instruct.Q4_1.gguf.$step" .gguf/manifest.json /tmp/q/ || exit 3
   echo "staged chunk $step ($(du -h "/tmp/q/SmolLM2-135M-Instruct.Q4_1.gguf.$step" | cut -f1))"
+  for wheel in .gguf/gguf-*.whl; do  # the converter reads the GGUF with it
+    [ -f "$wheel" ] && python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site2 "$wheel"
+  done
   exit 0
 fi
 source bench/h200/env.sh || exit $?

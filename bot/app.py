@@ -32,6 +32,7 @@ from bot.prompts import PromptBuilder, load_system_prompt
 from bot.slo import SloGuard
 from bot.store import Store
 from bot.types import IncomingMessage
+from bot.urgency import UrgentFirst
 from inference.engine import ChatMessage
 from inference.engine_set import EngineSet
 from inference.scenarios import ScenarioRegistry
@@ -104,6 +105,7 @@ class OpsBot:
             thread=s.thread,
             prompts_by_engine=builders,
             model_names=models,
+            urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
         )
         return self.pipeline
 

@@ -58,6 +58,12 @@ FIRST_VISIBLE = Histogram(
     _REQUEST,
     buckets=LATENCY_BUCKETS,
 )
+STEPPED_ASIDE = Histogram(
+    "opsbot_stepped_aside_seconds",
+    "Time a non-urgent answer paused at a checkpoint while urgent answers were prepared (s)",
+    ["lane"],
+    buckets=LATENCY_BUCKETS,
+)
 CONTEXT = Histogram(
     "opsbot_context_seconds",
     "Context gathering time of a request, all providers together (s)",

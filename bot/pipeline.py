@@ -46,6 +46,7 @@ from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage, replay
 from bot.store.records import Claim, percentile
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead, clean_text
+from bot.urgency import UrgentFirst, UrgentHold
 from inference.context import request_scope
 from inference.engine import (
     Engine,
@@ -115,6 +116,7 @@ class Pipeline:
         thread: ThreadSettings | None = None,
         prompts_by_engine: Mapping[str, PromptBuilder] | None = None,
         model_names: Mapping[str, str] | None = None,
+        urgent_first: UrgentFirst | None = None,
     ) -> None:
         self.engine = engine
         self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
@@ -133,6 +135,8 @@ class Pipeline:
         self.started = time.monotonic()
         self.thread = thread or ThreadSettings()
         """How the chat thread is read back as context (``[thread]``)."""
+        self.urgent_first = urgent_first or UrgentFirst()
+        """Urgent answers first on this event loop, before the engine (``bot.urgency``)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -184,37 +188,55 @@ class Pipeline:
         """Answer ``message`` through ``adapter`` now; never raises for a per-message problem."""
         with request_scope(message.request_id):
             message.text = redact(message.text)
-            # The claim is leased to this replica while it answers: if it dies mid-answer, another
-            # replica notes the answer as interrupted in its thread (bot.claims).
             scenario = pick_scenario(message)
-            lease = Claim(
-                message.platform,
-                message.event_id,
-                request_id=message.request_id,
-                channel=message.channel,
-                thread_id=message.thread_id or message.message_id,
-                user=message.user,
-                scenario=scenario,
-                lane=pick_lane(message, scenario).value,
-            )
-            if not await self.store.claim_event(message.platform, message.event_id, lease):
-                metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
-                logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
-                return
+            lane = pick_lane(message, scenario)
+            hold = self.urgent_first.hold(lane)
             try:
-                if await self._refused(message, adapter):
-                    return
-                if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
-                    return
-                if message.kind in _ASKED and message.text.strip().lower() == "status":
-                    # "@opsbot status": answered in the thread, where whoever asked is looking
-                    await adapter.send_notice(message, await self.status_text())
-                    return
-                await self._answer(message, adapter)
-            except Exception:  # last line of defence: log it, the adapter's loop must go on
-                logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+                await self.urgent_first.step_aside(lane)
+                await self._handle(message, adapter, scenario, lane, hold)
             finally:
-                await self.store.release_claim(message.platform, message.event_id)
+                if hold is not None:
+                    hold.release()
+
+    async def _handle(
+        self,
+        message: IncomingMessage,
+        adapter: ChatAdapter,
+        scenario: str,
+        lane: Lane,
+        hold: UrgentHold | None,
+    ) -> None:
+        """:meth:`handle` after its urgent-first checkpoint: claim, access, commands, the answer."""
+        # The claim is leased to this replica while it answers: if it dies mid-answer, another
+        # replica notes the answer as interrupted in its thread (bot.claims).
+        lease = Claim(
+            message.platform,
+            message.event_id,
+            request_id=message.request_id,
+            channel=message.channel,
+            thread_id=message.thread_id or message.message_id,
+            user=message.user,
+            scenario=scenario,
+            lane=lane.value,
+        )
+        if not await self.store.claim_event(message.platform, message.event_id, lease):
+            metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
+            logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
+            return
+        try:
+            if await self._refused(message, adapter):
+                return
+            if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
+                return
+            if message.kind in _ASKED and message.text.strip().lower() == "status":
+                # "@opsbot status": answered in the thread, where whoever asked is looking
+                await adapter.send_notice(message, await self.status_text())
+                return
+            await self._answer(message, adapter, hold)
+        except Exception:  # last line of defence: log it, the adapter's loop must go on
+            logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
+        finally:
+            await self.store.release_claim(message.platform, message.event_id)
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a
@@ -319,7 +341,9 @@ class Pipeline:
         return "\n".join([*lines, *tail])
 
     # -- answering ---------------------------------------------------------------------------
-    async def _answer(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
+    async def _answer(
+        self, message: IncomingMessage, adapter: ChatAdapter, hold: UrgentHold | None = None
+    ) -> None:
         request_id = message.request_id
         scenario = pick_scenario(message)
         # Asked in an existing thread (before the reply may start one): then it is read back.
@@ -384,7 +408,7 @@ class Pipeline:
             else:  # asked in a thread: read back without the placeholder just posted there
                 own = tuple(reply.posted_ids())
                 prepared = await self._prepare(message, reply.thread_id, scenario, lane, record, adapter, own)
-            await self._answer_into(message, reply, scenario, record, adapter, prepared)
+            await self._answer_into(message, reply, scenario, record, adapter, prepared, hold)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
@@ -416,6 +440,7 @@ class Pipeline:
         prompts = self.prompts_by_engine.get(engine_name, self.prompts)
         history, bundle, context_ms = await self._gather(message, thread_id, scenario, lane, adapter, own)
         prepared = _Prepared(history=history, bundle=bundle, context_ms=context_ms, prompts=prompts)
+        await self.urgent_first.step_aside(lane)  # the prompt's tokenization is CPU work
         try:
             plan = prompts.build(
                 scenario=scenario,
@@ -454,6 +479,7 @@ class Pipeline:
         record: RequestRecord,
         adapter: ChatAdapter,
         prepared: _Prepared,
+        hold: UrgentHold | None = None,
     ) -> None:
         sampling = self.scenarios.get(scenario)
         history, bundle, plan = prepared.history, prepared.bundle, prepared.plan
@@ -474,7 +500,7 @@ class Pipeline:
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
             text, result, error = await self._generate(
-                message.request_id, prepared.events, stream, record, sources
+                message.request_id, prepared.events, stream, record, sources, hold
             )
         await sources
         shown = text
@@ -562,6 +588,7 @@ class Pipeline:
         history = await history_task if history_task else []
         read = await thread_task if thread_task else None
         if read is not None:
+            await self.urgent_first.step_aside(lane)  # the thread's posts are parsed and redacted
             bundle = bundle or ContextBundle(sections=[], notes=[], elapsed_ms=0.0)
             if isinstance(read, str):
                 bundle.notes.append(thread_failed(read))
@@ -636,12 +663,15 @@ class Pipeline:
         reply: ReplyStream,
         record: RequestRecord,
         before_text: asyncio.Future[None] | None = None,
+        hold: UrgentHold | None = None,
     ) -> tuple[str, GenerationResult | None, str | None]:
         """Run the engine's stream (already submitted by :meth:`_prepare`) into ``reply``; returns
         (text, result, user-facing error).
 
         ``before_text`` (the sources line being shown) is awaited before the first text edit, so
-        the reply's posts keep their order while the engine already works.
+        the reply's posts keep their order while the engine already works. An urgent answer's
+        ``hold`` is released once its first words are visible; a non-urgent answer's edits step
+        aside while urgent answers are on their way (``bot.urgency``).
 
         The request deadline is the engine layer's (``AdmittedEngine``): it raises
         :class:`RequestTimeoutError`, mapped here like every other branch of the engine's tree.
@@ -650,6 +680,7 @@ class Pipeline:
         result: GenerationResult | None = None
         error: str | None = None
         last_update = 0.0
+        lane = Lane(record.lane)
         try:
             async for event in events:
                 if isinstance(event, TextDelta):
@@ -662,9 +693,12 @@ class Pipeline:
                         if before_text is not None:
                             await before_text
                             before_text = None
+                        await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
                         await reply.update(count_secrets(text)[0])
+                        if hold is not None and reply.first_visible_at is not None:
+                            hold.release()
                 elif isinstance(event, GenerationResult):
                     result = event
         except (EngineGenerateError, EngineDeadError) as exc:

@@ -207,6 +207,10 @@ class AdmissionConfig(ConfigSection):
     """Most requests waiting per lane; more are refused with a clear message."""
     queue_timeout_s: float = Field(120.0, gt=0)
     """A request waiting longer than this for admission fails with 'overloaded'."""
+    urgent_first_wait_s: float = Field(0.5, ge=0)
+    """Before the engine, on the bot's own event loop (``bot.urgency``): while an urgent answer is
+    on its way to its first visible words, other answers pause at their next step for at most this
+    many seconds (0: off, every answer's steps run in arrival order)."""
 
     @field_validator("max_in_flight", "max_prefilling")
     @classmethod

@@ -806,6 +806,8 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
             "max_prefilling": {},
             "hold_background_while_urgent_prefills": False,
         }
+    if args.urgent_first_wait_s is not None:
+        admission["urgent_first_wait_s"] = args.urgent_first_wait_s
     return {
         "data_dir": str(workdir),
         "admission": admission,
@@ -1368,6 +1370,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--admission",
         choices=["default", "unlimited"],
         help="lane admission limits: the shipped ones, or none (default: none for the synthetic engine)",
+    )
+    p.add_argument(
+        "--urgent-first-wait-s",
+        type=float,
+        default=None,
+        help="admission.urgent_first_wait_s of the bot (0: off; default: the shipped value)",
     )
     p.add_argument("--answer-tokens", type=int, default=64, help="max_tokens of mentions and follow-ups")
     p.add_argument("--rca-tokens", type=int, default=64, help="max_tokens of /rca (root cause)")

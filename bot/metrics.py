@@ -60,7 +60,7 @@ FIRST_VISIBLE = Histogram(
 )
 STEPPED_ASIDE = Histogram(
     "opsbot_stepped_aside_seconds",
-    "Time a non-urgent answer paused at a checkpoint while urgent answers were prepared (s)",
+    "Time a background answer paused at a checkpoint while urgent answers were prepared (s)",
     ["lane"],
     buckets=LATENCY_BUCKETS,
 )

@@ -6,11 +6,15 @@ prompt's tokenization, and for answers already streaming, their edits. In an inc
 follow-ups arriving just before 8 urgent ``/rca`` made the ``/rca`` wait ~0.7 s for their engine
 submit (bench/e2e_bench.py, incident pattern), in the same FIFO as the follow-ups' work.
 
-:class:`UrgentFirst` is the loop-level rule: while an urgent answer is on its way to its first
-visible words (:meth:`UrgentFirst.hold`), non-urgent answers pause at their next checkpoint
-(:meth:`UrgentFirst.step_aside`) until no urgent answer is left on that way. A pause is bounded
-(``max_wait_s`` per checkpoint), so a stream of urgent work slows other answers without ever
-stopping them, and I/O that is already in flight is never held back: only the next step waits.
+:class:`UrgentFirst` is the loop-level rule, the same one the engine's admission applies to its
+lanes (``hold_background_while_urgent_prefills``): while an urgent answer is on its way to its first
+visible words (:meth:`UrgentFirst.hold`), background answers (thread follow-ups, batch work) pause at
+their next checkpoint (:meth:`UrgentFirst.step_aside`) until no urgent answer is left on that way.
+@-mentions and DMs (the normal lane) never pause: someone is waiting on them too, and holding them
+back behind the ``/rca`` of a mixed burst tripled their median first-token time on the CPU bench.
+A pause is bounded (``max_wait_s`` per checkpoint), so a stream of urgent work slows background
+answers without ever stopping them, and I/O already in flight is never held back: only the next
+step waits.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ class UrgentHold:
 
 
 class UrgentFirst:
-    """Non-urgent answers step aside while urgent ones are being prepared (see the module doc)."""
+    """Background answers step aside while urgent ones are being prepared (see the module doc)."""
 
     def __init__(self, max_wait_s: float = 0.5) -> None:
         self.max_wait_s = max_wait_s
-        """The longest one checkpoint holds a non-urgent answer back, in seconds (0: off)."""
+        """The longest one checkpoint holds a background answer back, in seconds (0: off)."""
         self._holds = 0
         self._clear = asyncio.Event()
         self._clear.set()
@@ -66,9 +70,10 @@ class UrgentFirst:
             self._clear.set()
 
     async def step_aside(self, lane: Lane) -> None:
-        """A checkpoint of non-urgent work: wait (at most ``max_wait_s``) while urgent answers are
-        on their way to their first words; returns at once for urgent work or when none is."""
-        if lane is Lane.URGENT or self._clear.is_set():
+        """A checkpoint of an answer in ``lane``: a background answer waits (at most
+        ``max_wait_s``) while urgent answers are on their way to their first words; any other lane,
+        or no urgent answer on its way, returns at once."""
+        if lane is not Lane.BACKGROUND or self._clear.is_set():
             return
         started = time.perf_counter()
         with contextlib.suppress(TimeoutError):

@@ -209,8 +209,9 @@ class AdmissionConfig(ConfigSection):
     """A request waiting longer than this for admission fails with 'overloaded'."""
     urgent_first_wait_s: float = Field(0.5, ge=0)
     """Before the engine, on the bot's own event loop (``bot.urgency``): while an urgent answer is
-    on its way to its first visible words, other answers pause at their next step for at most this
-    many seconds (0: off, every answer's steps run in arrival order)."""
+    on its way to its first visible words, background answers (thread follow-ups, batch work) pause
+    at their next step for at most this many seconds each (0: off, every answer's steps run in
+    arrival order). Mentions and DMs never pause."""
 
     @field_validator("max_in_flight", "max_prefilling")
     @classmethod

@@ -15,17 +15,18 @@ async def _pending_after(awaitable: Any, seconds: float) -> asyncio.Task[Any]:
     return task
 
 
-async def test_other_lanes_wait_while_an_urgent_answer_holds_and_go_on_its_release() -> None:
+async def test_background_waits_while_an_urgent_answer_holds_and_goes_on_at_its_release() -> None:
     gate = UrgentFirst(max_wait_s=30)
     hold = gate.hold(Lane.URGENT)
     assert hold is not None and gate.urgent_in_flight == 1
     background = await _pending_after(gate.step_aside(Lane.BACKGROUND), 0.05)
-    normal = await _pending_after(gate.step_aside(Lane.NORMAL), 0.05)
-    assert not background.done() and not normal.done()
-    await asyncio.wait_for(gate.step_aside(Lane.URGENT), 1)  # urgent work never steps aside
+    assert not background.done()
+    # Urgent work never steps aside, and neither do mentions and DMs: someone waits on them.
+    await asyncio.wait_for(gate.step_aside(Lane.URGENT), 1)
+    await asyncio.wait_for(gate.step_aside(Lane.NORMAL), 1)
     hold.release()
     hold.release()  # idempotent: the first words, then the answer's end
-    await asyncio.wait_for(asyncio.gather(background, normal), 1)
+    await asyncio.wait_for(background, 1)
     assert gate.urgent_in_flight == 0
 
 
@@ -77,3 +78,12 @@ async def test_an_urgent_answer_releases_its_hold(parts: Any) -> None:
     await asyncio.wait_for(parts.pipeline.handle(rca, adapter), 60)
     assert "first token" in parts.out.getvalue()
     assert parts.pipeline.urgent_first.urgent_in_flight == 0
+
+
+async def test_a_direct_question_never_waits_for_urgent_answers(parts: Any) -> None:
+    parts.pipeline.urgent_first = UrgentFirst(max_wait_s=30)
+    hold = parts.pipeline.urgent_first.hold(Lane.URGENT)  # never released in this test
+    assert hold is not None
+    direct = parts.adapter.to_message("which pods are crashlooping?")
+    await asyncio.wait_for(parts.pipeline.handle(direct, parts.adapter), 60)
+    assert "first token" in parts.out.getvalue()

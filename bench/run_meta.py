@@ -33,11 +33,11 @@ def run_meta(argv: Sequence[str]) -> dict[str, Any]:
     return info
 
 
-def gpu_line() -> str:
-    """nvidia-smi's name, driver and memory of each GPU ("" without a GPU or nvidia-smi)."""
+def _nvidia_smi(query: str, csv_format: str = "csv,noheader") -> str:
+    """nvidia-smi's answer to ``--query-gpu=query`` ("" without a GPU or nvidia-smi)."""
     try:
         return subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={query}", f"--format={csv_format}"],
             capture_output=True,
             text=True,
             timeout=20,
@@ -47,6 +47,11 @@ def gpu_line() -> str:
         return ""
 
 
+def gpu_line() -> str:
+    """nvidia-smi's name, driver and memory of each GPU ("" without a GPU or nvidia-smi)."""
+    return _nvidia_smi("name,driver_version,memory.total")
+
+
 def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> bool:
     """Wait until ``fraction`` of GPU 0's memory is free; ``True`` when it is (also without
     nvidia-smi: nothing to wait for). A stopped vLLM engine core process gives its memory back
@@ -54,16 +59,10 @@ def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> bool:
     refused to start), so benchmarks that start engines one after another wait here first."""
     deadline = time.monotonic() + timeout_s
     while True:
+        line = _nvidia_smi("memory.free,memory.total", "csv,noheader,nounits")
         try:
-            line = subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            ).stdout.strip()
             free, total = (float(x) for x in line.splitlines()[0].split(","))
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return True
         if free >= fraction * total:
             return True

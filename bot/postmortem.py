@@ -42,6 +42,10 @@ class DraftProgress(ReplyStream):
         """The wrapped reply's messages."""
         return self.inner.posted_ids()
 
+    def seconds_to_next_edit(self) -> float:
+        """The wrapped stream's."""
+        return self.inner.seconds_to_next_edit()
+
     async def update(self, text: str) -> None:
         """Show the draft's length so far (the wrapped stream throttles the edits)."""
         await self.inner.update(PROGRESS_TEXT.format(chars=len(text)))

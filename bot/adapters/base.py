@@ -106,6 +106,12 @@ class ReplyStream(abc.ABC):
         as task updates); default: nothing, the footer lists them."""
         return None
 
+    def seconds_to_next_edit(self) -> float:
+        """How long until this stream sends answer text again, in seconds (0: it would now). The
+        pipeline redacts and hands over partial text only shortly before that, not on every
+        token; default 0 (every update may be sent at once)."""
+        return 0.0
+
     @property
     @abc.abstractmethod
     def thread_id(self) -> str:

@@ -488,6 +488,9 @@ class _NativeRendering(ReplyStream):
         except (SlackCallError, SlackRequestError) as exc:  # the footer still lists the sources
             logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
 
+    def seconds_to_next_edit(self) -> float:
+        return max(0.0, self._last_append + self.edit_interval_s - time.monotonic())
+
     async def update(self, text: str) -> None:
         if self._closed or self._broken:
             return
@@ -673,6 +676,9 @@ class SlackReply(ReplyStream):
 
     async def show_sources(self, sources: Sequence[SourceNote]) -> None:
         await self._r.show_sources(sources)
+
+    def seconds_to_next_edit(self) -> float:
+        return self._r.seconds_to_next_edit() if self._rendering is not None else 0.0
 
     async def update(self, text: str) -> None:
         await self._r.update(text)

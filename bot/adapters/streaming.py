@@ -297,6 +297,9 @@ class StreamingReply(ReplyStream):
         # The edit interval paces the answer's text: the first words replace the placeholder as
         # soon as they exist (the app-wide edit budget still holds), later edits wait their turn.
 
+    def seconds_to_next_edit(self) -> float:
+        return max(0.0, self._last_edit + self.edit_interval_s - self.clock())
+
     async def update(self, text: str) -> None:
         if self._closed or (self.post_placeholder and not self.message_ids):
             return

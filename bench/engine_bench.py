@@ -395,6 +395,12 @@ async def pressure(client: Client, wl: Workload, args: argparse.Namespace, seed:
 # --- engines ---------------------------------------------------------------------------------------
 
 
+def model_folder(models: dict[str, Path], weights: str) -> Path:
+    """The checkpoint folder of weight format ``weights``: AWQ and GPTQ have their own, bf16 and
+    FP8 (quantized online) share the bf16 one."""
+    return models[weights if weights in ("awq", "gptq") else "8b"]
+
+
 def engine_config(
     args: argparse.Namespace, name: str, models: dict[str, Path], *, warmup: str, blocks: int | None = None
 ) -> EngineConfig:
@@ -408,7 +414,7 @@ def engine_config(
     if blocks is not None:
         extra["num_gpu_blocks_override"] = blocks
     return EngineConfig(
-        model=str(models["awq" if weights == "awq" else "gptq" if weights == "gptq" else "8b"]),
+        model=str(model_folder(models, weights)),
         load_format="dummy",
         dtype="float16" if weights in ("awq", "gptq") else "bfloat16",
         quantization="fp8" if weights == "fp8" else None,
@@ -491,7 +497,7 @@ def bandwidth_floor(name: str, models: dict[str, Path], hbm: dict[str, Any]) -> 
     """Weight bytes of configuration ``name`` and its single-stream TPOT floor: one decode step
     must read every weight once, so TPOT >= weight bytes / measured HBM bandwidth."""
     weights = name.partition("+")[0]
-    folder = models["awq" if weights == "awq" else "gptq" if weights == "gptq" else "8b"]
+    folder = model_folder(models, weights)
     size = weight_bytes(folder, weights)
     out: dict[str, Any] = {"weight_gb": round(size / 1e9, 2)}
     if hbm.get("hbm_gb_s"):

@@ -585,6 +585,13 @@ class BotProcess:
         ticks = os.sysconf("SC_CLK_TCK")
         return (int(fields[11]) + int(fields[12])) / ticks
 
+    def main_thread_cpu_s(self) -> float:
+        """User + system CPU seconds of the event loop's thread alone (the process's main thread):
+        the rest of :meth:`cpu_s` is spent beside it (worker threads, vLLM's own)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def thread_cpu_s(self) -> dict[str, float]:
         """CPU seconds by thread name (the event loop is ``python``'s main thread)."""
         assert self.proc is not None
@@ -868,7 +875,7 @@ async def run_platform(
             label = f"sweep{rate:g}"
             steps.append((label, functools.partial(driver.poisson, rate, args.sweep_seconds, label, 0.0)))
         for label, step in steps:
-            c0, b0, w0 = bot.cpu_s(), ws.cpu_s(), time.monotonic()
+            c0, m0, b0, w0 = bot.cpu_s(), bot.main_thread_cpu_s(), ws.cpu_s(), time.monotonic()
             got = await step()
             wall = time.monotonic() - w0
             reqs += got
@@ -878,6 +885,7 @@ async def run_platform(
                     "requests": len([r for r in got if r.pattern == label]),
                     "wall_s": round(wall, 2),
                     "opsbot_cpu_s": round(bot.cpu_s() - c0, 3),
+                    "opsbot_main_thread_cpu_s": round(bot.main_thread_cpu_s() - m0, 3),
                     "bench_cpu_s": round(ws.cpu_s() - b0, 3),
                     "loadavg": os.getloadavg(),
                 }
@@ -1003,6 +1011,10 @@ def summarize(platform_run: dict[str, Any]) -> list[dict[str, Any]]:
                 row["opsbot_cpu_ms_per_request"] = round(step["opsbot_cpu_s"] * 1000 / step["requests"], 3)
                 row["opsbot_cpu_ms_per_request_less_idle"] = round(busy * 1000 / step["requests"], 3)
                 row["opsbot_cpu_fraction"] = round(step["opsbot_cpu_s"] / step["wall_s"], 3)
+                if step.get("opsbot_main_thread_cpu_s") is not None:  # absent in older results
+                    row["opsbot_main_thread_cpu_ms_per_request"] = round(
+                        step["opsbot_main_thread_cpu_s"] * 1000 / step["requests"], 3
+                    )
                 row["bench_cpu_fraction"] = round(step["bench_cpu_s"] / step["wall_s"], 3)
                 row["loadavg_1m"] = round(step["loadavg"][0], 2)
             out.append(row)
@@ -1074,14 +1086,16 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "## opsbot's own cost",
             "",
-            "| platform | pattern | CPU ms / request | less idle | opsbot CPU share | bench CPU share "
-            "| load 1 min |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "| platform | pattern | CPU ms / request | less idle | event loop thread ms / request "
+            "| opsbot CPU share | bench CPU share | load 1 min |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in cpu_rows:
+            main = r.get("opsbot_main_thread_cpu_ms_per_request")
             lines.append(
                 f"| {r['platform']} | {r['pattern']} | {r['opsbot_cpu_ms_per_request']:.2f} | "
-                f"{r['opsbot_cpu_ms_per_request_less_idle']:.2f} | {r['opsbot_cpu_fraction']:.2f} | "
+                f"{r['opsbot_cpu_ms_per_request_less_idle']:.2f} | {'' if main is None else f'{main:.2f}'} | "
+                f"{r['opsbot_cpu_fraction']:.2f} | "
                 f"{r['bench_cpu_fraction']:.2f} | {r['loadavg_1m']} |"
             )
     if report.get("sweep"):

@@ -6,7 +6,8 @@ after a start with the first, later (steady) episodes with later ones.
 
 - configurations (``--configs``): ``bf16``; ``fp8`` (online FP8 from the bf16 checkpoint);
   ``awq`` / ``gptq`` (4-bit dummy checkpoints from ``make-test-model --quant``); each with an
-  optional ``+kvfp8`` suffix for an FP8 KV cache (``bf16+kvfp8``);
+  optional ``+kvfp8`` suffix for an FP8 KV cache (``bf16+kvfp8``); INT4 runs fp16 activations
+  unless ``+bf16`` says bf16 (``awq+bf16+kvfp8``: vLLM 0.26's FP8 attention wants bf16 output);
 - layers (``--layers``): ``opsbot`` = ``AdmittedEngine(VllmEngine)``, the path the bot uses;
   ``raw`` = ``AsyncLLM.from_engine_args`` with the same arguments
   (``inference.vllm_engine.engine_args_kwargs``), fed the very same token ids, lanes passed only
@@ -20,7 +21,8 @@ episodes back to back: 56 x 500-token background requests, 0.3 s later 8 x 64-to
 ``single`` (cold and warm system prompt), ``bursts`` (8 / 32 / 64 concurrent urgent requests,
 ``--burst-repeats`` times each). The ``pressure`` workload (``--pressure``) runs on engines of its
 own with a KV cache of ``--pressure-blocks`` blocks: Poisson background arrivals with 2k-token
-contexts beside Poisson urgent questions, for raw vLLM with priorities, opsbot's default admission
+contexts (the shared system prompt + ~600 tokens of their own: no two alike, so the prefix cache
+cannot hide the pressure) beside Poisson urgent questions (also each its own), for raw vLLM with priorities, opsbot's default admission
 and opsbot with the KV watermark; it reports urgent TTFT, background tokens/s and preemptions.
 
 Prompts: ~1470-token shared system prompt + ~300-token user text, 200 output tokens (ignore_eos,
@@ -90,7 +92,9 @@ WORDS = [
 BURSTS = (8, 32, 64)
 
 CONFIG_NAMES = ("bf16", "fp8", "awq", "gptq")
-"""Weight formats; each may take the ``+kvfp8`` suffix (FP8 KV cache)."""
+"""Weight formats; each may take the ``+kvfp8`` suffix (FP8 KV cache), INT4 also ``+bf16``."""
+CONFIG_SUFFIXES = ("kvfp8", "bf16")
+"""``kvfp8``: FP8 KV cache; ``bf16``: bf16 activations for an INT4 format (fp16 otherwise)."""
 KV_WATERMARK = 0.85
 """The KV watermark the pressure workload's third variant uses."""
 
@@ -119,7 +123,10 @@ class Workload:
     background: list[list[int]]
     urgent: list[list[int]]
     pressure_background: list[list[int]] = field(default_factory=list)
-    """~2k-token prompts (the system prompt + ~600 unique tokens) for the pressure workload."""
+    """~2k-token prompts (the system prompt + ~600 unique tokens) for the pressure workload, one
+    per arrival (a repeated prompt would be served from the prefix cache and take no KV)."""
+    pressure_urgent: list[list[int]] = field(default_factory=list)
+    """The pressure workload's urgent questions, one per arrival."""
     vocab_size: int = 32000
     system: str = field(repr=False, default="")
     repeats: int = 1
@@ -136,8 +143,15 @@ class Workload:
 
 
 def build_workload(
-    tokenizer: Any, seed: int = 0, repeats: int = 1, episodes: int = 1, same_episode_prompts: bool = False
+    tokenizer: Any,
+    seed: int = 0,
+    repeats: int = 1,
+    episodes: int = 1,
+    same_episode_prompts: bool = False,
+    pressure_prompts: tuple[int, int] = (64, 8),
 ) -> Workload:
+    """Every prompt of the run; ``pressure_prompts``: (background, urgent) prompts of the pressure
+    workload, at least one per expected arrival."""
     rnd = random.Random(seed)
 
     def text(n: int) -> str:
@@ -173,6 +187,9 @@ def build_workload(
         else:
             fresh_background = [ids(text(250)) for _ in range(56)]
             workload.episode_prompts.append((fresh_background, [ids(text(100)) for _ in range(8)]))
+    # Drawn last, so every other prompt stays that of earlier runs with the same seed.
+    workload.pressure_background += [ids(text(420)) for _ in range(max(0, pressure_prompts[0] - 64))]
+    workload.pressure_urgent = [ids(text(100)) for _ in range(pressure_prompts[1])]
     return workload
 
 
@@ -369,7 +386,7 @@ async def pressure(client: Client, wl: Workload, args: argparse.Namespace, seed:
 
     def urgent() -> Any:
         k[1] += 1
-        return client.one(wl.urgent[k[1] % len(wl.urgent)], 64, Lane.URGENT)
+        return client.one(wl.pressure_urgent[k[1] % len(wl.pressure_urgent)], 64, Lane.URGENT)
 
     await asyncio.gather(
         arrivals(args.pressure_bg_rate, background, bg_tasks),
@@ -404,11 +421,18 @@ def model_folder(models: dict[str, Path], weights: str) -> Path:
 def engine_config(
     args: argparse.Namespace, name: str, models: dict[str, Path], *, warmup: str, blocks: int | None = None
 ) -> EngineConfig:
-    """The engine configuration of ``name`` (``bf16``, ``fp8``, ``awq``, ``gptq``, optional ``+kvfp8``)."""
-    weights, _, kv = name.partition("+")
-    if weights not in CONFIG_NAMES or kv not in ("", "kvfp8"):
+    """The engine configuration of ``name`` (``bf16``, ``fp8``, ``awq``, ``gptq``, optional
+    ``+kvfp8``, INT4 also ``+bf16``)."""
+    weights, *suffixes = name.split("+")
+    int4 = weights in ("awq", "gptq")
+    if (
+        weights not in CONFIG_NAMES
+        or any(x not in CONFIG_SUFFIXES for x in suffixes)
+        or ("bf16" in suffixes and not int4)
+    ):
         raise SystemExit(
-            f"unknown configuration {name!r}: use {', '.join(CONFIG_NAMES)} with an optional +kvfp8"
+            f"unknown configuration {name!r}: use {', '.join(CONFIG_NAMES)} with an optional +kvfp8 "
+            "(awq and gptq also +bf16)"
         )
     extra: dict[str, Any] = {}
     if blocks is not None:
@@ -416,9 +440,9 @@ def engine_config(
     return EngineConfig(
         model=str(model_folder(models, weights)),
         load_format="dummy",
-        dtype="float16" if weights in ("awq", "gptq") else "bfloat16",
+        dtype="float16" if int4 and "bf16" not in suffixes else "bfloat16",
         quantization="fp8" if weights == "fp8" else None,
-        kv_cache_dtype="fp8" if kv == "kvfp8" else "auto",
+        kv_cache_dtype="fp8" if "kvfp8" in suffixes else "auto",
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=4096,
         max_num_seqs=64,
@@ -536,6 +560,10 @@ class OpsbotEngine:
     def facts(self) -> dict[str, Any]:
         return vllm_facts(self.engine, self.cfg)
 
+    def kv_usage(self) -> float | None:
+        """The KV cache's fill (0-1) at vLLM's last step."""
+        return self.engine.stats().kv_cache_usage
+
 
 def vllm_facts(engine: VllmEngine, cfg: EngineConfig) -> dict[str, Any]:
     """Startup time, quantization, KV capacity, prefix-cache hit rate and preemptions of ``engine``."""
@@ -595,6 +623,10 @@ class RawEngine:
             "preemptions": self.sink.preemptions,
         }
 
+    def kv_usage(self) -> float | None:
+        """The KV cache's fill (0-1) at vLLM's last step."""
+        return self.sink.kv_cache_usage
+
 
 def open_engine(layer: str, cfg: EngineConfig, wl: Workload) -> OpsbotEngine | RawEngine:
     return OpsbotEngine(cfg, wl) if layer == "opsbot" else RawEngine(cfg, wl, cfg.quantization)
@@ -637,8 +669,24 @@ async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespa
         ),
     ):
         async with open_engine(layer, cfg, wl) as eng:
-            run = await pressure(eng.client(admission), wl, args)
-            run.update({"policy": label, "layer": layer, **eng.facts()})
+            before = eng.facts()["preemptions"] or 0  # the warm-up's own are not the workload's
+            peak = [0.0]
+
+            async def watch_kv() -> None:
+                while True:
+                    peak[0] = max(peak[0], eng.kv_usage() or 0.0)
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch_kv())
+            try:
+                run = await pressure(eng.client(admission), wl, args)
+            finally:
+                watcher.cancel()
+            facts = eng.facts()
+            run.update({"policy": label, "layer": layer, **facts})
+            run["preemptions"] = (facts["preemptions"] or 0) - before
+            run["kv_cache_usage_peak"] = round(peak[0], 3)
+            run["kv_blocks"] = args.pressure_blocks
         logger.info("pressure %s: %s", label, run)
         runs.append(run)
     return runs
@@ -819,15 +867,16 @@ def table(report: dict[str, Any]) -> str:
             "small KV cache):",
             "",
             "| policy | KV tokens | urgent n | urgent TTFT p50 / p99 / max ms | background n | "
-            "background TTFT p99 ms | background tok/s | preemptions |",
-            "|---|---|---|---|---|---|---|---|",
+            "background TTFT p99 ms | background tok/s | preemptions | peak KV use |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in report["pressure"]:
             lines.append(
                 f"| {p['policy']} | {p.get('kv_capacity_tokens')} | {p['urgent_n']} | "
                 f"{p['urgent_ttft_p50']} / "
                 f"{p['urgent_ttft_p99']} / {p['urgent_ttft_max']} | {p['background_n']} | "
-                f"{p['background_ttft_p99']} | {p['background_tok_s']} | {p.get('preemptions')} |"
+                f"{p['background_ttft_p99']} | {p['background_tok_s']} | {p.get('preemptions')} | "
+                f"{p.get('kv_cache_usage_peak', '')} |"
             )
     if report.get("split"):
         split = report["split"]
@@ -875,6 +924,18 @@ def model_folders(args: argparse.Namespace) -> dict[str, Path]:
     return folders
 
 
+def pressure_prompt_counts(args: argparse.Namespace) -> tuple[int, int]:
+    """(background, urgent) prompts the pressure workload needs: its expected arrivals with room
+    for Poisson's spread (none without ``--pressure``)."""
+    if not args.pressure:
+        return (64, 1)
+
+    def enough(rate: float) -> int:
+        return int(rate * args.pressure_seconds * 1.5) + 16
+
+    return (enough(args.pressure_bg_rate), enough(args.pressure_urgent_rate))
+
+
 async def main_async(args: argparse.Namespace) -> int:
     from inference.tokenization import HFChatTokenizer
 
@@ -885,6 +946,7 @@ async def main_async(args: argparse.Namespace) -> int:
         repeats=args.burst_repeats,
         episodes=args.episodes,
         same_episode_prompts=args.same_episode_prompts,
+        pressure_prompts=pressure_prompt_counts(args),
     )
     configs = [c for c in args.configs.split(",") if c]
     layers = [x for x in args.layers.split(",") if x]
@@ -952,7 +1014,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--configs", default="bf16", help="comma list of bf16, fp8, awq, gptq (each optionally +kvfp8)"
+        "--configs",
+        default="bf16",
+        help="comma list of bf16, fp8, awq, gptq (each optionally +kvfp8; awq and gptq also +bf16)",
     )
     p.add_argument("--layers", default="opsbot,raw", help="comma list of opsbot, raw")
     p.add_argument("--warmups", default="system,incident", help="comma list of system, incident")

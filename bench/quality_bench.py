@@ -323,10 +323,16 @@ def convert(gguf: Path, out_dir: Path) -> Path:
 
 def unsupported_reason(name: str) -> str | None:
     """Why configuration ``name`` cannot run with the vLLM installed here (``None``: it can)."""
-    if CONFIGS.get(name, {}).get("quantization") != "gguf":
+    quantization = CONFIGS.get(name, {}).get("quantization")
+    if quantization not in ("gguf", "bitsandbytes"):
         return None
     if importlib.util.find_spec("vllm") is None:
         return None  # the child reports the missing vLLM itself
+    if quantization == "bitsandbytes":
+        if importlib.util.find_spec("bitsandbytes") is None:
+            # The H200 bundle lacks it (seen 2026-12-01): bench/h200/quality.sh bnb installs a wheel.
+            return "bitsandbytes is not installed (vLLM's bitsandbytes quantization imports it)"
+        return None
     if importlib.util.find_spec("vllm.model_executor.model_loader.gguf_loader") is None:
         from importlib.metadata import version
 

@@ -8,11 +8,19 @@
 #   bench/h200/quality.sh 00    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.00, .gguf/manifest.json
 #                               and .gguf/gguf-0.19.0-py3-none-any.whl
 #   bench/h200/quality.sh 01    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.01 and .gguf/manifest.json
+#   bench/h200/quality.sh bnb   carry .gguf/bitsandbytes-*.whl (not in the vLLM bundle; 43 MB,
+#                               pip download --no-deps --only-binary=:all: --python-version 3.12
+#                               --platform manylinux_2_24_x86_64 bitsandbytes -d .gguf): for bnb4
 #   bench/h200/quality.sh run   join + sha256 check, dequantize to bf16, measure       (~5 min)
 set -uo pipefail
-step=${1:?usage: quality.sh 00|01|run [extra quality_bench.py run args]}
+step=${1:?usage: quality.sh 00|01|bnb|run [extra quality_bench.py run args]}
 shift
 mkdir -p /tmp/q
+if [ "$step" = bnb ]; then
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site2 .gguf/bitsandbytes-*.whl || exit 3
+  echo "installed $(ls .gguf/bitsandbytes-*.whl) into /tmp/site2"
+  exit 0
+fi
 if [ "$step" != run ]; then
   cp ".gguf/SmolLM2-135M-Instruct.Q4_1.gguf.$step" .gguf/manifest.json /tmp/q/ || exit 3
   echo "staged chunk $step ($(du -h "/tmp/q/SmolLM2-135M-Instruct.Q4_1.gguf.$step" | cut -f1))"

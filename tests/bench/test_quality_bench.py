@@ -153,3 +153,17 @@ def test_each_configuration_maps_to_vllm_arguments_and_gguf_loads_the_file(tmp_p
     assert "quantization" not in gguf
     with pytest.raises(SystemExit, match="unknown configuration 'int3'"):
         qb.llm_kwargs("int3", tmp_path / "bf16", None, args)
+
+
+def test_bnb4_says_bitsandbytes_is_missing_instead_of_starting_an_engine_that_cannot_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As on the H200 (2026-12-01): vLLM importable, bitsandbytes not in the bundle.
+    present = {"vllm"}
+    monkeypatch.setattr(
+        qb.importlib.util, "find_spec", lambda name: object() if name in present else None
+    )
+    assert "bitsandbytes is not installed" in (qb.unsupported_reason("bnb4") or "")
+    assert qb.unsupported_reason("fp8") is None
+    present.add("bitsandbytes")
+    assert qb.unsupported_reason("bnb4") is None

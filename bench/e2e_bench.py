@@ -589,7 +589,8 @@ class BotProcess:
         """User + system CPU seconds of the event loop's thread alone (the process's main thread):
         the rest of :meth:`cpu_s` is spent beside it (worker threads, vLLM's own)."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def thread_cpu_s(self) -> dict[str, float]:

@@ -22,8 +22,9 @@ episodes back to back: 56 x 500-token background requests, 0.3 s later 8 x 64-to
 ``--burst-repeats`` times each). The ``pressure`` workload (``--pressure``) runs on engines of its
 own with a KV cache of ``--pressure-blocks`` blocks: Poisson background arrivals with 2k-token
 contexts (the shared system prompt + ~600 tokens of their own: no two alike, so the prefix cache
-cannot hide the pressure) beside Poisson urgent questions (also each its own), for raw vLLM with priorities, opsbot's default admission
-and opsbot with the KV watermark; it reports urgent TTFT, background tokens/s and preemptions.
+cannot hide the pressure) beside Poisson urgent questions (also each its own), for raw vLLM with
+priorities, opsbot's default admission and opsbot with the KV watermark; it reports urgent TTFT,
+background tokens/s, preemptions and the peak KV use.
 
 Prompts: ~1470-token shared system prompt + ~300-token user text, 200 output tokens (ignore_eos,
 greedy), as ``/work/shared/gpu/probe_vllm.py``.
@@ -659,6 +660,13 @@ async def bench_engine(
     return out
 
 
+async def watch_peak(read: Any, peak: list[float], every_s: float = 0.02) -> None:
+    """Keep the highest value ``read()`` returns (``None`` counts as 0) in ``peak[0]`` until cancelled."""
+    while True:
+        peak[0] = max(peak[0], read() or 0.0)
+        await asyncio.sleep(every_s)
+
+
 async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The pressure workload under three policies, each on its own fresh engine."""
     runs = []
@@ -674,13 +682,7 @@ async def bench_pressure(cfg: EngineConfig, wl: Workload, args: argparse.Namespa
         async with open_engine(layer, cfg, wl) as eng:
             before = eng.facts()["preemptions"] or 0  # the warm-up's own are not the workload's
             peak = [0.0]
-
-            async def watch_kv() -> None:
-                while True:
-                    peak[0] = max(peak[0], eng.kv_usage() or 0.0)
-                    await asyncio.sleep(0.02)
-
-            watcher = asyncio.create_task(watch_kv())
+            watcher = asyncio.create_task(watch_peak(eng.kv_usage, peak))
             try:
                 run = await pressure(eng.client(admission), wl, args)
             finally:

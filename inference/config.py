@@ -110,6 +110,11 @@ class EngineConfig(ConfigSection):
     llamacpp_n_batch: int = Field(512, ge=1)
     """``llamacpp``: prompt tokens llama.cpp evaluates per decode call (its ``n_batch``); larger
     prefills faster and takes more scratch memory."""
+    llamacpp_extra_buffers: Literal["auto", "on", "off"] = "auto"
+    """``llamacpp``: llama.cpp's extra weight buffer types (its AMX kernels and CPU weight
+    repacking). ``auto``: off on CPUs with Intel AMX, on elsewhere: the AMX matrix multiply of the
+    llama.cpp that llama-cpp-python 0.3.36 builds segfaults on Q4_1 weights, the default model's
+    (seen on a Xeon with AMX, 2026-12-01; llama.cpp issues 20824 and 16315)."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
     base_url: str | None = None

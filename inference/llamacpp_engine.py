@@ -21,12 +21,13 @@ draining shutdown, health) is the CPU engine's: this class only loads slots and 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,53 @@ def _import_llama_cpp() -> Any:
             "built wheel for next time)"
         ) from exc
     return llama_cpp
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU reports Intel AMX (the ``amx_int8`` flag; False where there is no cpuinfo)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(
+        line.startswith("flags") and "amx_int8" in line.split(":", 1)[-1].split()
+        for line in text.splitlines()
+    )
+
+
+def use_extra_buffers(setting: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """``engine.llamacpp_extra_buffers`` resolved: ``auto`` is off on an AMX CPU, on elsewhere."""
+    if setting == "auto":
+        return not cpu_has_amx(cpuinfo)
+    return setting == "on"
+
+
+_MODEL_PARAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _model_params(llama_cpp: Any, *, extra_buffers: bool) -> Iterator[None]:
+    """While ``Llama(...)`` runs, the model parameters it starts from have ``use_extra_bufts`` as
+    asked: llama-cpp-python 0.3.36 has no argument for it, and ``Llama.__init__`` takes its
+    defaults from ``llama_cpp.llama_cpp.llama_model_default_params``, so that function is wrapped
+    for the duration (under a lock: slots open one at a time anyway)."""
+    low = llama_cpp.llama_cpp
+    original = low.llama_model_default_params
+    if extra_buffers or not hasattr(original(), "use_extra_bufts"):
+        yield
+        return
+
+    def without_extra_buffers() -> Any:
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    with _MODEL_PARAMS_LOCK:
+        low.llama_model_default_params = without_extra_buffers
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = original
 
 
 def _threads_for(busy_slots: int) -> int:
@@ -240,6 +288,14 @@ class LlamaCppEngine(CpuEngine):
         self, llama_cpp: Any, path: Path, slots: list[_Slot], warmup_messages: Sequence[ChatMessage]
     ) -> None:
         cfg = self.config
+        if not use_extra_buffers(cfg.llamacpp_extra_buffers):
+            auto = cfg.llamacpp_extra_buffers == "auto"
+            logger.info(
+                "llama.cpp engine: extra weight buffers (AMX kernels, repacking) off "
+                "(engine.llamacpp_extra_buffers = %r%s)",
+                cfg.llamacpp_extra_buffers,
+                ": this CPU has AMX, whose llama.cpp kernels crash on Q4_1" if auto else "",
+            )
         for index in range(cfg.cpu_max_concurrency):
             logger.info("llama.cpp engine loading slot %d/%d of %s", index + 1, cfg.cpu_max_concurrency, path)
             slots.append(_Slot(index, self._open(llama_cpp, path, cfg)))
@@ -276,18 +332,20 @@ class LlamaCppEngine(CpuEngine):
 
     def _open(self, llama_cpp: Any, path: Path, cfg: EngineConfig) -> Any:
         n_ctx = cfg.max_model_len
+        extra_buffers = use_extra_buffers(cfg.llamacpp_extra_buffers)
         try:
-            llama = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_batch=min(cfg.llamacpp_n_batch, n_ctx),
-                # Unset: set per request in _take_slot (the cores shared by the running requests).
-                n_threads=cfg.cpu_threads or 1,
-                n_threads_batch=cfg.cpu_threads or 1,
-                seed=cfg.seed,
-                use_mmap=True,
-                verbose=False,
-            )
+            with _model_params(llama_cpp, extra_buffers=extra_buffers):
+                llama = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx,
+                    n_batch=min(cfg.llamacpp_n_batch, n_ctx),
+                    # Unset: set per request in _take_slot (the cores shared by the running requests).
+                    n_threads=cfg.cpu_threads or 1,
+                    n_threads_batch=cfg.cpu_threads or 1,
+                    seed=cfg.seed,
+                    use_mmap=True,
+                    verbose=False,
+                )
         except ValueError as exc:  # llama-cpp-python's "Failed to load model from file"
             raise EngineStartupError(
                 f"llama.cpp cannot load {path}: {_sentence(exc)}. Fix: check that it is a complete GGUF file "

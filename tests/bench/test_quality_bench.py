@@ -160,9 +160,7 @@ def test_bnb4_says_bitsandbytes_is_missing_instead_of_starting_an_engine_that_ca
 ) -> None:
     # As on the H200 (2026-12-01): vLLM importable, bitsandbytes not in the bundle.
     present = {"vllm"}
-    monkeypatch.setattr(
-        qb.importlib.util, "find_spec", lambda name: object() if name in present else None
-    )
+    monkeypatch.setattr(qb.importlib.util, "find_spec", lambda name: object() if name in present else None)
     assert "bitsandbytes is not installed" in (qb.unsupported_reason("bnb4") or "")
     assert qb.unsupported_reason("fp8") is None
     present.add("bitsandbytes")

@@ -25,7 +25,7 @@ from inference.gguf import find_gguf, is_gguf_ref
 if os.environ.get("CI") != "true":
     pytest.importorskip("llama_cpp")
 
-from inference.llamacpp_engine import LlamaCppEngine  # noqa: E402
+from inference.llamacpp_engine import LlamaCppEngine, cpu_has_amx, use_extra_buffers  # noqa: E402
 
 QUESTION = [
     ChatMessage("system", "You are opsbot, an incident assistant for Kubernetes clusters."),
@@ -168,3 +168,47 @@ async def test_an_abort_stops_a_long_prompt_evaluation_and_the_slot_serves_the_n
         assert after.output_tokens == 6 and after.text
     finally:
         await engine.shutdown()
+
+
+AMX_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu sse sse2 avx avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8
+"""
+
+
+def test_auto_turns_llamacpps_extra_buffers_off_on_an_amx_cpu_and_leaves_them_on_elsewhere(
+    tmp_path: Path,
+) -> None:
+    # The AMX matmul of the bundled llama.cpp segfaults on Q4_1 (the default model): seen on a Xeon
+    # with AMX, 2026-12-01. Only the flags line counts, and the flag must be a whole word.
+    amx, plain, odd, missing = (tmp_path / n for n in ("amx", "plain", "odd", "missing"))
+    amx.write_text(AMX_CPUINFO)
+    plain.write_text(AMX_CPUINFO.replace(" amx_bf16 amx_tile amx_int8", ""))
+    odd.write_text(
+        AMX_CPUINFO.replace("flags\t\t: fpu", "model name\t: amx_int8 lab box\nflags\t\t: fpu").replace(
+            " amx_int8", " xamx_int8x"
+        )
+    )
+    assert cpu_has_amx(amx) and not cpu_has_amx(plain) and not cpu_has_amx(odd) and not cpu_has_amx(missing)
+    assert use_extra_buffers("auto", amx) is False and use_extra_buffers("auto", plain) is True
+    assert use_extra_buffers("on", amx) is True and use_extra_buffers("off", plain) is False
+
+
+async def test_extra_buffers_off_reaches_llamacpps_model_parameters_and_the_engine_answers(
+    smollm2_gguf: Path,
+) -> None:
+    engine = LlamaCppEngine(
+        EngineConfig(
+            model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1, llamacpp_extra_buffers="off"
+        )
+    )
+    await engine.start(QUESTION[:1])
+    try:
+        assert all(slot.llama.model_params.use_extra_bufts is False for slot in engine._slots)
+        events = [e async for e in engine.generate(greedy("r-extra-off", 4))]
+        assert isinstance(events[-1], GenerationResult) and events[-1].output_tokens == 4
+    finally:
+        await engine.shutdown()
+    import llama_cpp
+
+    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True  # put back

@@ -12,8 +12,11 @@
 #                               pip download --no-deps --only-binary=:all: --python-version 3.12
 #                               --platform manylinux_2_24_x86_64 bitsandbytes -d .gguf): for bnb4
 #   bench/h200/quality.sh run   join + sha256 check, dequantize to bf16, measure       (~5 min)
+#   bench/h200/quality.sh eval  (after run, same machine) `opsbot eval`'s 25 incident cases on
+#                               that bf16 folder under vLLM bf16, FP8 and FP8 + FP8 KV cache,
+#                               compared by bench/eval_compare.py                     (~4 min)
 set -uo pipefail
-step=${1:?usage: quality.sh 00|01|bnb|run [extra quality_bench.py run args]}
+step=${1:?usage: quality.sh 00|01|bnb|run|eval [extra quality_bench.py run / opsbot eval args]}
 shift
 mkdir -p /tmp/q
 if [ "$step" = bnb ]; then
@@ -30,6 +33,24 @@ if [ "$step" != run ]; then
   exit 0
 fi
 source bench/h200/env.sh || exit $?
+if [ "$step" = eval ]; then
+  [ -f /tmp/q/smollm2-bf16/config.json ] || { echo "no /tmp/q/smollm2-bf16: run quality.sh run first" >&2; exit 3; }
+  reports=()
+  for cfg in bf16 fp8 fp8+kvfp8; do
+    quant='""'; kv=auto
+    [[ $cfg == fp8* ]] && quant='"fp8"'
+    [[ $cfg == *kvfp8 ]] && kv=fp8
+    printf '[engine]\nbackend = "vllm"\nmodel = "/tmp/q/smollm2-bf16"\ndtype = "bfloat16"\nquantization = %s\nkv_cache_dtype = "%s"\ngpu_memory_utilization = 0.3\nenforce_eager = true\n' \
+      "$quant" "$kv" | sed 's/^quantization = ""$//' > "/tmp/q/eval-$cfg.toml"
+    python3 -m bot.cli eval --out "/tmp/q/eval-$cfg" --engine-config "/tmp/q/eval-$cfg.toml" --max-tokens 128 "$@" \
+      2>&1 | grep -v "Passing raw prompts" | tail -40
+    [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+    reports+=("$cfg=/tmp/q/eval-$cfg/report.json")
+  done
+  python3 bench/eval_compare.py "${reports[@]}" --out "$OUT/eval-smollm2-h200" \
+    --note "SmolLM2-135M-Instruct dequantized from Q4_1 to bf16, vLLM 0.26 eager, 128 tokens" || exit $?
+  exit 0
+fi
 python3 bench/quality_bench.py join --parts /tmp/q --out /tmp/q/smollm2.gguf || exit $?
 python3 bench/quality_bench.py convert --gguf /tmp/q/smollm2.gguf --out /tmp/q/smollm2-bf16 || exit $?
 # Eager mode: five engine starts fit the run; the kernels (and so the numbers) are the same ones.

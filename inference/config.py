@@ -67,6 +67,11 @@ class EngineConfig(ConfigSection):
     """Sequences decoded together in one batch (continuous batching width)."""
     max_num_batched_tokens: int | None = Field(8192, ge=256)
     """Tokens per scheduler step (prefill chunk budget); ``None`` keeps vLLM's default."""
+    stream_interval: int = Field(8, ge=1)
+    """``vllm``: tokens vLLM gathers per request before it hands their text to opsbot (the first
+    token and the last always at once). Every hand-over is work on the bot's event loop (a request
+    output, a queue put, a pass through the pipeline) while Slack and Mattermost show an edit at most
+    once a second, so 8 tokens (~60 ms at 7 ms per token) change nothing visible; 1 = every token."""
     block_size: int = Field(16, ge=1)
     """PagedAttention KV block size in tokens."""
     enable_prefix_caching: bool = True

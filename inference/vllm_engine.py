@@ -198,6 +198,7 @@ def engine_args_kwargs(config: EngineConfig, quantization: str | None = None) ->
         "seed": config.seed,
         "scheduling_policy": config.scheduling_policy,
         "disable_log_stats": not config.log_stats,
+        "stream_interval": config.stream_interval,
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens

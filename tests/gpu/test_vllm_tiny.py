@@ -91,6 +91,16 @@ async def test_the_tiny_model_starts_streams_deltas_and_reports_counts(engine: V
     assert result.tpot_ms is not None and result.queue_ms >= 0
 
 
+async def test_vllm_hands_text_over_every_stream_interval_tokens_not_every_token(engine: VllmEngine) -> None:
+    # engine.stream_interval (8 by default): the first token at once, then 8 at a time, the last at once.
+    interval = engine.config.stream_interval
+    assert interval == 8
+    deltas, result = await collect(engine.generate(request("tiny-interval", "list the pods", max_tokens=33)))
+    assert result.output_tokens == 33
+    assert 2 <= len(deltas) <= 1 + -(-32 // interval)  # never more hand-overs than the interval allows
+    assert result.text == "".join(d.text for d in deltas)
+
+
 async def test_the_system_prompt_is_served_from_the_prefix_cache_after_warm_up(engine: VllmEngine) -> None:
     system_tokens = len(engine.tokenizer.render([SYSTEM], add_generation_prompt=False))
     assert engine.warmup_prompt_tokens == system_tokens

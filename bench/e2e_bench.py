@@ -797,7 +797,11 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
     if args.model:
         engine["model"] = args.model
     if args.engine == "synthetic":
-        engine["extra_engine_args"] = {"tokens_per_s": args.tokens_per_s, "ttft_ms": args.synthetic_ttft_ms}
+        engine["extra_engine_args"] = {
+            "tokens_per_s": args.tokens_per_s,
+            "ttft_ms": args.synthetic_ttft_ms,
+            "tick_s": args.synthetic_tick_s,
+        }
     if args.engine == "openai":
         engine["base_url"] = args.base_url
         if args.served_model_name:
@@ -1399,6 +1403,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--synthetic-ttft-ms", type=float, default=20.0, help="synthetic engine: time to first token"
+    )
+    p.add_argument(
+        "--synthetic-tick-s",
+        type=float,
+        default=0.05,
+        help="synthetic engine: text handed over at most this often per request (0: every token, as "
+        "vLLM with stream_interval 1; 0.05 at 150 tokens/s is ~8 tokens, as stream_interval 8)",
     )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--pattern-timeout-s", type=float, default=120.0, help="most seconds a pattern may take")

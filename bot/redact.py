@@ -21,6 +21,7 @@ import binascii
 import contextvars
 import logging
 import re
+import threading
 from collections.abc import Callable
 
 from bot import metrics
@@ -835,14 +836,34 @@ def count_secrets_by_kind(text: str) -> tuple[str, dict[str, int]]:
     return text, counts
 
 
+_CLEAN_MAX_ENTRIES = 512
+_CLEAN_MAX_CHARS = 32_768
+_clean: dict[str, None] = {}
+"""Texts a full pass found nothing to redact in, most recent last (bounded). The same text comes
+back on purpose: the pipeline redacts the question and the answer, then the store redacts every
+turn it keeps (its own rule, whoever calls it) and the replay inputs redact the question again;
+a text with no secret is its own redaction, so a second full pass over it is skipped. Texts with
+a secret are never kept: each pass redacts and counts them."""
+_clean_lock = threading.Lock()
+
+
+def _remember_clean(text: str) -> None:
+    with _clean_lock:  # redact runs in worker threads too (context gathering, log filters)
+        _clean[text] = None
+        while len(_clean) > _CLEAN_MAX_ENTRIES:
+            del _clean[next(iter(_clean))]
+
+
 def redact(text: str, *, where: str = "text") -> str:
     """``text`` with every secret replaced by ``[REDACTED]`` (key names kept); replacements are
     counted in ``opsbot_secrets_redacted_total{where=..., kind=...}``."""
-    if not text:
+    if not text or text in _clean:
         return text
     new, by_kind = count_secrets_by_kind(text)
     for kind, count in by_kind.items():
         metrics.SECRETS_REDACTED.labels(where=where, kind=kind).inc(count)
+    if not by_kind and new == text and len(text) <= _CLEAN_MAX_CHARS:
+        _remember_clean(text)
     return new
 
 

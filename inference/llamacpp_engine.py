@@ -288,7 +288,8 @@ class LlamaCppEngine(CpuEngine):
         self, llama_cpp: Any, path: Path, slots: list[_Slot], warmup_messages: Sequence[ChatMessage]
     ) -> None:
         cfg = self.config
-        if not use_extra_buffers(cfg.llamacpp_extra_buffers):
+        extra_buffers = use_extra_buffers(cfg.llamacpp_extra_buffers)  # resolved once for every slot
+        if not extra_buffers:
             auto = cfg.llamacpp_extra_buffers == "auto"
             logger.info(
                 "llama.cpp engine: extra weight buffers (AMX kernels, repacking) off "
@@ -298,7 +299,7 @@ class LlamaCppEngine(CpuEngine):
             )
         for index in range(cfg.cpu_max_concurrency):
             logger.info("llama.cpp engine loading slot %d/%d of %s", index + 1, cfg.cpu_max_concurrency, path)
-            slots.append(_Slot(index, self._open(llama_cpp, path, cfg)))
+            slots.append(_Slot(index, self._open(llama_cpp, path, cfg, extra_buffers=extra_buffers)))
             if self._state != "loading":  # shutdown() came while loading: stop early
                 raise EngineStartupError("the llama.cpp engine was shut down while it was starting")
         first = slots[0].llama
@@ -330,9 +331,8 @@ class LlamaCppEngine(CpuEngine):
             slot.watch_aborts(llama_cpp)
         self._slots = slots
 
-    def _open(self, llama_cpp: Any, path: Path, cfg: EngineConfig) -> Any:
+    def _open(self, llama_cpp: Any, path: Path, cfg: EngineConfig, *, extra_buffers: bool) -> Any:
         n_ctx = cfg.max_model_len
-        extra_buffers = use_extra_buffers(cfg.llamacpp_extra_buffers)
         try:
             with _model_params(llama_cpp, extra_buffers=extra_buffers):
                 llama = llama_cpp.Llama(
@@ -354,7 +354,8 @@ class LlamaCppEngine(CpuEngine):
         trained = int(llama._model.n_ctx_train())
         if trained and trained < n_ctx:
             llama.close()
-            return self._open(llama_cpp, path, cfg.model_copy(update={"max_model_len": trained}))
+            capped = cfg.model_copy(update={"max_model_len": trained})
+            return self._open(llama_cpp, path, capped, extra_buffers=extra_buffers)
         return llama
 
     def _describe(self) -> str:

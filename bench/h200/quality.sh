@@ -24,7 +24,7 @@ if [ "$step" = bnb ]; then
   echo "installed $(ls .gguf/bitsandbytes-*.whl) into /tmp/site2"
   exit 0
 fi
-if [ "$step" != run ]; then
+if [ "$step" != run ] && [ "$step" != eval ]; then
   cp ".gguf/SmolLM2-135M-Instruct.Q4_1.gguf.$step" .gguf/manifest.json /tmp/q/ || exit 3
   echo "staged chunk $step ($(du -h "/tmp/q/SmolLM2-135M-Instruct.Q4_1.gguf.$step" | cut -f1))"
   for wheel in .gguf/gguf-*.whl; do  # the converter reads the GGUF with it

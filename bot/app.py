@@ -168,12 +168,26 @@ class OpsBot:
         """Begin a graceful shutdown (signal handlers call this)."""
         self._stop.set()
 
-    async def wait(self) -> None:
-        """Block until a stop is requested."""
+    def install_signal_handlers(self) -> None:
+        """SIGINT / SIGTERM request a graceful stop from now on (idempotent).
+
+        ``opsbot run`` calls this before start-up: a SIGTERM while the engine loads or the
+        adapters connect (a deploy rolling on, a supervisor stopping a slow start) must stop the
+        bot cleanly once start-up is done, not kill it with its engine processes half made.
+        """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop was asked for (a signal, a fatal engine error); start-up may skip what is left."""
+        return self._stop.is_set()
+
+    async def wait(self) -> None:
+        """Block until a stop is requested."""
+        self.install_signal_handlers()
         await self._stop.wait()
 
     async def shutdown(self) -> None:

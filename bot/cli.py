@@ -400,8 +400,11 @@ async def _run(settings: Settings, err: Console) -> int:
     from bot.app import OpsBot
 
     bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
+    bot.install_signal_handlers()
     try:
         await bot.start_core()
+        if bot.stop_requested:  # SIGTERM while the engine loaded: no platform connections to undo
+            return bot.exit_code
         assert bot.store is not None
         adapters = build_adapters(settings, bot.store)
         if not adapters:

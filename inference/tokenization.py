@@ -2,15 +2,27 @@
 
 Both engines render prompts here, so the bot counts tokens for its budget with exactly the
 ids the engine receives, and the shared system prompt renders to the same prefix every time.
+
+The system prompt (about 1,500 tokens) is most of every prompt and the prompt builder renders each
+request up to three times while it fits context to the window, so its token ids are kept (a few
+system prompts, one per scenario and engine) and only the rest of the prompt is encoded. That is
+exact only where the rest starts at a special token (the tokenizer splits on those before anything
+else), and each such boundary is checked once against a full encoding before it is trusted: a
+tokenizer whose pre-tokenizer treats the first piece of a text differently never uses the shortcut.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from inference.engine import ChatMessage, ChatTokenizer, EngineStartupError
+
+# System prompts whose token ids are kept: one per scenario preset and engine is a handful.
+SYSTEM_PREFIX_CACHE_SIZE = 16
 
 
 class HFChatTokenizer(ChatTokenizer):
@@ -36,6 +48,18 @@ class HFChatTokenizer(ChatTokenizer):
                 f"the tokenizer of {model!r} has no chat template. Fix: use an instruction-tuned model, "
                 "or add a 'chat_template' to its tokenizer_config.json"
             )
+        # Longest first, so a special token that begins with another one is matched whole.
+        # Added tokens are split out before anything else (Llama 3's header tokens are added ones
+        # that all_special_tokens does not list).
+        added = {
+            str(getattr(t, "content", t)) for t in getattr(self._tok, "added_tokens_decoder", {}).values()
+        }
+        special = {str(t) for t in getattr(self._tok, "all_special_tokens", ())}
+        self._special_tokens = tuple(sorted((added | special) - {""}, key=len, reverse=True))
+        # system messages -> (their rendered text, its ids); (system messages, boundary token) -> verdict
+        self._prefixes: OrderedDict[tuple[str, ...], tuple[str, list[int]]] = OrderedDict()
+        self._boundary_ok: dict[tuple[tuple[str, ...], str], bool] = {}
+        self._lock = threading.Lock()
 
     @property
     def eos_token_id(self) -> int | None:
@@ -52,14 +76,73 @@ class HFChatTokenizer(ChatTokenizer):
         return len(self._tok.encode(text, add_special_tokens=False))
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        text = self._template(messages, add_generation_prompt)
+        system = tuple(m.content for m in _leading_system(messages))
+        if not system or len(system) == len(messages):
+            return self._encode(text)
+        prefix = self._system_prefix(messages[: len(system)], system, text)
+        if prefix is None:
+            return self._encode(text)
+        prefix_text, prefix_ids = prefix
+        rest = text[len(prefix_text) :]
+        boundary = next((t for t in self._special_tokens if rest.startswith(t)), None)
+        if boundary is None:
+            return self._encode(text)
+        ids = prefix_ids + self._encode(rest)
+        with self._lock:
+            verdict = self._boundary_ok.get((system, boundary))
+        if verdict is None:
+            full = self._encode(text)
+            with self._lock:
+                self._boundary_ok[(system, boundary)] = full == ids
+            return full
+        return ids if verdict else self._encode(text)
+
+    def _template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
         conversation = [{"role": m.role, "content": m.content} for m in messages]
-        ids = self._tok.apply_chat_template(
-            conversation, add_generation_prompt=add_generation_prompt, tokenize=True
+        return str(
+            self._tok.apply_chat_template(
+                conversation, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
         )
-        # transformers 5 returns a BatchEncoding-like mapping for tokenize=True on some paths.
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+
+    def _encode(self, text: str) -> list[int]:
+        # As apply_chat_template(tokenize=True) does: the template writes BOS and the like itself.
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+
+    def _system_prefix(
+        self, system_messages: Sequence[ChatMessage], key: tuple[str, ...], text: str
+    ) -> tuple[str, list[int]] | None:
+        """The rendered system messages and their ids where ``text`` starts with them, else None."""
+        with self._lock:
+            cached = self._prefixes.get(key)
+            if cached is not None:
+                self._prefixes.move_to_end(key)
+        if cached is not None and text.startswith(cached[0]):
+            return cached if cached[0] else None
+        # Not seen, or the template renders it differently now (a date in it): render it again.
+        # An empty text marks a template that never starts the conversation with the system turn
+        # alone (one that folds it into the first user turn): no shortcut, and no render per call.
+        fresh = self._template(system_messages, add_generation_prompt=False)
+        entry = (fresh, self._encode(fresh)) if fresh and text.startswith(fresh) else ("", [])
+        with self._lock:
+            self._prefixes[key] = entry
+            self._prefixes.move_to_end(key)
+            while len(self._prefixes) > SYSTEM_PREFIX_CACHE_SIZE:
+                dropped, _ = self._prefixes.popitem(last=False)
+                for boundary_key in [k for k in self._boundary_ok if k[0] == dropped]:
+                    del self._boundary_ok[boundary_key]
+        return entry if entry[0] else None
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+
+def _leading_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The system messages a conversation starts with (the shared, cacheable part)."""
+    leading: list[ChatMessage] = []
+    for message in messages:
+        if message.role != "system":
+            break
+        leading.append(message)
+    return leading

@@ -46,6 +46,9 @@ if [ "$step" = eval ]; then
       2>&1 | grep -v "Passing raw prompts" | tail -40
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
     reports+=("$cfg=/tmp/q/eval-$cfg/report.json")
+    # each report to $OUT as it lands (a time limit keeps what finished); not the whole folder:
+    # its kubeconfig files are over the device tool's file count
+    mkdir -p "$OUT/eval-$cfg" && cp /tmp/q/eval-$cfg/report.json /tmp/q/eval-$cfg/report.md "$OUT/eval-$cfg/"
   done
   python3 bench/eval_compare.py "${reports[@]}" --out "$OUT/eval-smollm2-h200" \
     --note "SmolLM2-135M-Instruct dequantized from Q4_1 to bf16, vLLM 0.26 eager, 128 tokens" || exit $?

@@ -88,15 +88,17 @@ class HFChatTokenizer(ChatTokenizer):
         boundary = next((t for t in self._special_tokens if rest.startswith(t)), None)
         if boundary is None:
             return self._encode(text)
-        ids = prefix_ids + self._encode(rest)
         with self._lock:
             verdict = self._boundary_ok.get((system, boundary))
+        if verdict is False:  # checked once and found wrong for this tokenizer: no half encoding
+            return self._encode(text)
+        ids = prefix_ids + self._encode(rest)
         if verdict is None:
             full = self._encode(text)
             with self._lock:
                 self._boundary_ok[(system, boundary)] = full == ids
             return full
-        return ids if verdict else self._encode(text)
+        return ids
 
     def _template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
         conversation = [{"role": m.role, "content": m.content} for m in messages]

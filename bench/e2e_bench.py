@@ -69,6 +69,8 @@ from fakes.mattermost_server import FakeMattermost  # noqa: E402
 from fakes.slack_server import FakeSlack  # noqa: E402
 from run_meta import gpu_line  # noqa: E402
 
+from bot import event_loop  # noqa: E402
+
 logger = logging.getLogger("e2e_bench")
 
 PLATFORMS = ("slack-socket", "slack-http", "mattermost")
@@ -822,6 +824,7 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
         admission["urgent_first_wait_s"] = args.urgent_first_wait_s
     return {
         "data_dir": str(workdir),
+        "event_loop": args.event_loop,
         "admission": admission,
         "log_level": args.bot_log_level,
         "engine": engine,
@@ -1066,7 +1069,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{meta['loadavg_start']}; GPU: {meta.get('gpu') or 'none'}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"- engine: {report['config']['engine']}, rate budgets {report['config']['budgets']}, "
-        f"{report['config']['channels']} channels",
+        f"{report['config']['channels']} channels, event loop "
+        f"{report['config'].get('event_loop_resolved', 'asyncio')}",
         "",
         "Times in ms after the event left the fake platform, P50 / P99. *first token* is the first "
         "answer text the fake server received; *submit* is the engine's submit; *queue / TTFT / TPOT* "
@@ -1194,7 +1198,7 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions: dict[str, str] = {"python": platform.python_version()}
-    for mod in ("bot", "slack_sdk", "slack_bolt", "aiohttp", "vllm", "torch", "transformers"):
+    for mod in ("bot", "slack_sdk", "slack_bolt", "aiohttp", "uvloop", "vllm", "torch", "transformers"):
         try:
             versions[mod] = str(getattr(__import__(mod), "__version__", "?"))
         except Exception as exc:  # noqa: BLE001 - report, do not fail the run
@@ -1396,6 +1400,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="admission.urgent_first_wait_s of the bot (0: off; default: the shipped value)",
     )
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="the bot's event_loop setting (auto: uvloop where installed, as shipped)",
+    )
     p.add_argument("--answer-tokens", type=int, default=64, help="max_tokens of mentions and follow-ups")
     p.add_argument("--rca-tokens", type=int, default=64, help="max_tokens of /rca (root cause)")
     p.add_argument(
@@ -1471,6 +1481,9 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "tokens_per_s": args.tokens_per_s if args.engine == "synthetic" else None,
             "engine_args": args.engine_arg,
             "admission": args.admission or ("unlimited" if args.engine == "synthetic" else "default"),
+            "event_loop": args.event_loop,
+            # what the bot process (same interpreter) runs on: reports before 2026-12-02 ran asyncio
+            "event_loop_resolved": event_loop.resolve(args.event_loop),
             "max_model_len": args.max_model_len,
             "sweep_submit_p99_ms": args.sweep_submit_p99_ms,
         },

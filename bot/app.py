@@ -26,6 +26,7 @@ from bot.claims import ClaimSweeper
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine_set
+from bot.event_loop import running_loop_name
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder, load_system_prompt
@@ -68,6 +69,7 @@ class OpsBot:
     async def start_core(self) -> Pipeline:
         """Store, engine, context and pipeline (what ``opsbot chat`` needs)."""
         s = self.settings
+        self.progress(f"event loop: {running_loop_name()}")
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
         engines, models = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)

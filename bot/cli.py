@@ -8,7 +8,6 @@ ends with one line on stderr and a non-zero exit code, never a traceback; ``--de
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -21,7 +20,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from bot import __version__
+from bot import __version__, event_loop
 from bot.config import ConfigError, Settings, load_settings
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
 
@@ -247,32 +246,37 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         err.print(f"opsbot: {exc}", markup=False)
         return EXIT_USAGE
     _setup_logging(settings, debug=args.debug)
+    try:
+        event_loop.resolve(settings.event_loop)  # before any coroutine exists to leave un-awaited
+    except event_loop.EventLoopUnavailable as exc:
+        err.print(f"opsbot: {exc}", markup=False)
+        return EXIT_USAGE
     if args.command == "config":
         return _config_show(settings, as_json=args.json, out=out)
     if args.command == "db":
-        return asyncio.run(_db(settings, args, out))
+        return event_loop.run(_db(settings, args, out), settings.event_loop)
     if args.command == "stats":
-        return asyncio.run(_stats(settings, args, out=out, err=err))
+        return event_loop.run(_stats(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "chat":
-        return asyncio.run(_chat(settings, err))
+        return event_loop.run(_chat(settings, err), settings.event_loop)
     if args.command == "run":
         if _needs_supervisor(settings):
             from bot.supervisor import supervise
 
             return supervise([sys.executable, "-m", "bot.cli", *args.argv])
-        return asyncio.run(_run(settings, err))
+        return event_loop.run(_run(settings, err), settings.event_loop)
     if args.command == "eval":
         from bot.eval.command import run_eval
 
-        return asyncio.run(run_eval(settings, args, out=out, err=err))
+        return event_loop.run(run_eval(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "feedback":
         from bot.eval.command import export_feedback
 
-        return asyncio.run(export_feedback(settings, args, out=out, err=err))
+        return event_loop.run(export_feedback(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "analyze":
         from bot.analyze.command import run_analyze
 
-        return asyncio.run(run_analyze(settings, args, out=out, err=err))
+        return event_loop.run(run_analyze(settings, args, out=out, err=err), settings.event_loop)
     raise AssertionError(args.command)  # argparse only lets known commands through
 
 

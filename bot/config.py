@@ -708,6 +708,10 @@ class Settings(BaseSettings):
     """Logging level."""
     log_json: bool = False
     """Log one JSON object per line (for log shippers) instead of text."""
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and
+    macOS, with opsbot), else asyncio's; ``uvloop`` insists on it; ``asyncio`` keeps the standard
+    loop (for a profiler that wants Python frames). See ``bot/event_loop.py``."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """Inference engine."""
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)

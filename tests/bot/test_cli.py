@@ -108,6 +108,7 @@ def test_chat_answers_a_typed_question_and_stats_shows_its_row(tmp_path: Path, t
     assert proc.returncode == 0, proc.stderr
     assert "first token" in proc.stdout and "ms/token" in proc.stdout and "tokens" in proc.stdout
     assert "Queue: urgent" in proc.stdout
+    assert "event loop: uvloop" in proc.stderr or sys.platform == "win32"  # the shipped default
     table = run(["stats", "--since", "1h"], tmp_path, env=env)
     assert table.returncode == 0, table.stderr
     assert "root_cause" in table.stdout and "console" in table.stdout

@@ -67,7 +67,7 @@ for _p in (ROOT, ROOT / "tests"):
 
 from fakes.mattermost_server import FakeMattermost  # noqa: E402
 from fakes.slack_server import FakeSlack  # noqa: E402
-from run_meta import gpu_line  # noqa: E402
+from run_meta import gpu_line, package_versions  # noqa: E402
 
 from bot import event_loop  # noqa: E402
 
@@ -1198,11 +1198,11 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions: dict[str, str] = {"python": platform.python_version()}
-    for mod in ("bot", "slack_sdk", "slack_bolt", "aiohttp", "uvloop", "vllm", "torch", "transformers"):
-        try:
-            versions[mod] = str(getattr(__import__(mod), "__version__", "?"))
-        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
-            versions[mod] = f"unavailable ({type(exc).__name__})"
+    versions.update(
+        package_versions(
+            "bot", "slack_sdk", "slack_bolt", "aiohttp", "uvloop", "vllm", "torch", "transformers"
+        )
+    )
     gpu = gpu_line()
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

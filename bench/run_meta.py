@@ -5,6 +5,7 @@ the GPU queries they share (:func:`gpu_line`, :func:`wait_for_gpu_memory`)."""
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
 import platform
 import shlex
@@ -17,7 +18,7 @@ from typing import Any
 def run_meta(argv: Sequence[str]) -> dict[str, Any]:
     """``date`` (UTC), ``command`` (``python`` + ``argv``, quoted), ``python``, ``host``, ``gpu``
     (nvidia-smi's name, driver and memory, or the CPU when there is none) and the versions of
-    vllm, torch and transformers (``unavailable (...)`` where one cannot be imported)."""
+    vllm, torch and transformers (:func:`package_versions`)."""
     info: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python " + shlex.join(argv),
@@ -25,12 +26,25 @@ def run_meta(argv: Sequence[str]) -> dict[str, Any]:
         "host": platform.node(),
     }
     info["gpu"] = gpu_line() or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
-    for mod in ("vllm", "torch", "transformers"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception as exc:  # noqa: BLE001 - report, do not fail the run
-            info[mod] = f"unavailable ({type(exc).__name__})"
+    info.update(package_versions("vllm", "torch", "transformers"))
     return info
+
+
+# Import names whose distribution is named otherwise (the version is the distribution's).
+_DISTRIBUTIONS = {"bot": "opsbot", "slack_sdk": "slack-sdk", "slack_bolt": "slack-bolt"}
+
+
+def package_versions(*modules: str) -> dict[str, str]:
+    """The installed version of each import name's distribution, ``not installed`` where there is
+    none. Read from package metadata, not ``__version__`` (slack_sdk and slack_bolt have none on
+    the package) and without importing anything (vLLM's import alone takes seconds)."""
+    versions: dict[str, str] = {}
+    for mod in modules:
+        try:
+            versions[mod] = importlib.metadata.version(_DISTRIBUTIONS.get(mod, mod))
+        except importlib.metadata.PackageNotFoundError:
+            versions[mod] = "not installed"
+    return versions
 
 
 def _nvidia_smi(query: str, csv_format: str = "csv,noheader") -> str:

@@ -7,8 +7,10 @@
 #   2. raw AsyncLLM fed the very prompt ids of step 1   -> $OUT/e2e-raw-bf16.{json,md}
 #   3. opsbot + in-process vLLM, FP8 (online)           -> $OUT/e2e-vllm-fp8.{json,md,png}
 #   4. opsbot (engine.backend = "openai") -> vllm serve, bf16  -> $OUT/e2e-openai-bf16.{json,md,png}
-# Each step has its own deadline. With vLLM's compile cache warm (the GPU tests ran) all four take
-# about 6-8 minutes; on a fresh machine bf16 and FP8 each compile first (2-3 minutes more), so run
+# Each step has its own deadline. On a bare machine vLLM's first start of a configuration took
+# 256 s to ready (2026-12-03: engine init 162 s, 26 s of it compiling, then opsbot's warm-ups), so
+# the bot may take 420 s to start and a bot step 480 s in all. With vLLM's compile cache warm (the
+# GPU tests ran) all four take about 6-8 minutes; on a fresh machine bf16 and FP8 each compile first (2-3 minutes more), so run
 # them as two calls: STEPS="1 2" bench/h200/e2e.sh, then STEPS="3 4" bench/h200/e2e.sh.
 # usage: [STEPS="1 2"] bench/h200/e2e.sh [extra e2e_bench.py args for the bot steps]
 #   STEPS picks steps (default all four; step 2 needs step 1's JSON in the same $OUT)
@@ -23,7 +25,7 @@ t0=$(date +%s)
 step() { echo "=== $1 (t+$(( $(date +%s) - t0 )) s) ==="; }
 common=(--platforms slack-socket --patterns burst8,burst32,burst64,incident --channels 16 --budgets off
         --answer-tokens 200 --rca-tokens 64 --model "$MODEL" --dump-prompts --idle-s 1 --pause-s 0.5
-        --start-timeout-s 240 --pattern-timeout-s 45 --workdir /tmp)
+        --start-timeout-s 420 --pattern-timeout-s 45 --workdir /tmp)
 vllm=(--engine vllm --engine-arg load_format=dummy --engine-arg gpu_memory_utilization=0.85
       --engine-arg max_num_seqs=64 --engine-arg max_num_batched_tokens=8192 --engine-arg scheduling_policy=priority)
 run() {  # run LIMIT_S NAME ARGS...: one e2e_bench.py invocation, its log in $OUT
@@ -37,13 +39,13 @@ run() {  # run LIMIT_S NAME ARGS...: one e2e_bench.py invocation, its log in $OU
 status=0
 want() { [[ " ${STEPS:-1 2 3 4} " == *" $1 "* ]]; }
 want 1 && step "1/4 opsbot + vLLM bf16"
-want 1 && { run 300 e2e-vllm-bf16 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 "$@" || status=1; }
+want 1 && { run 480 e2e-vllm-bf16 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 "$@" || status=1; }
 want 2 && step "2/4 raw AsyncLLM, the same prompt token ids"
 if want 2 && [ -f "$OUT/e2e-vllm-bf16.json" ]; then
   run 150 e2e-raw-bf16 --raw-replay "$OUT/e2e-vllm-bf16.json" || status=1
 fi
 want 3 && step "3/4 opsbot + vLLM FP8"
-want 3 && { run 300 e2e-vllm-fp8 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 \
+want 3 && { run 480 e2e-vllm-fp8 "${common[@]}" "${vllm[@]}" --engine-arg dtype=bfloat16 \
   --engine-arg quantization=fp8 "$@" || status=1; }
 if want 4; then
 step "4/4 opsbot (openai backend) -> vllm serve bf16"

@@ -10,8 +10,9 @@
 # Each step has its own deadline. On a bare machine vLLM's first start of a configuration took
 # 256 s to ready (2026-12-03: engine init 162 s, 26 s of it compiling, then opsbot's warm-ups), so
 # the bot may take 420 s to start and a bot step 480 s in all. With vLLM's compile cache warm (the
-# GPU tests ran) all four take about 6-8 minutes; on a fresh machine bf16 and FP8 each compile first (2-3 minutes more), so run
-# them as two calls: STEPS="1 2" bench/h200/e2e.sh, then STEPS="3 4" bench/h200/e2e.sh.
+# GPU tests ran) all four take about 6-8 minutes; on a fresh machine bf16 and FP8 each compile
+# first (2-3 minutes more), so run them as two calls: STEPS="1 2" bench/h200/e2e.sh, then
+# STEPS="3 4" bench/h200/e2e.sh.
 # usage: [STEPS="1 2"] bench/h200/e2e.sh [extra e2e_bench.py args for the bot steps]
 #   STEPS picks steps (default all four; step 2 needs step 1's JSON in the same $OUT)
 set -uo pipefail

@@ -35,15 +35,19 @@ _DISTRIBUTIONS = {"bot": "opsbot", "slack_sdk": "slack-sdk", "slack_bolt": "slac
 
 
 def package_versions(*modules: str) -> dict[str, str]:
-    """The installed version of each import name's distribution, ``not installed`` where there is
-    none. Read from package metadata, not ``__version__`` (slack_sdk and slack_bolt have none on
-    the package) and without importing anything (vLLM's import alone takes seconds)."""
+    """The installed version of each import name's distribution: from package metadata first
+    (slack_sdk and slack_bolt keep no ``__version__`` on the package, and nothing is imported), else
+    the module's ``__version__`` (a tree unpacked without its dist-info, such as a copied bundle),
+    else ``not installed``."""
     versions: dict[str, str] = {}
     for mod in modules:
         try:
             versions[mod] = importlib.metadata.version(_DISTRIBUTIONS.get(mod, mod))
         except importlib.metadata.PackageNotFoundError:
-            versions[mod] = "not installed"
+            try:
+                versions[mod] = str(__import__(mod).__version__)
+            except Exception:  # noqa: BLE001 - report, do not fail the run
+                versions[mod] = "not installed"
     return versions
 
 

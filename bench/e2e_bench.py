@@ -580,32 +580,56 @@ class BotProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the opsbot process so far (its own, not its children's)."""
+    def bot_pids(self) -> list[int]:
+        """The opsbot process and its bot workers (``workers`` > 1: children running the same
+        launcher), not vLLM's engine processes."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        pids = [self.proc.pid]
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            for child in children:
+                with contextlib.suppress(OSError):
+                    if b"opsbot_synthetic.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                        pids.append(int(child))
+        return pids
+
+    @staticmethod
+    def _stat_cpu_s(stat_path: str) -> float:
+        with contextlib.suppress(OSError):
+            fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+
+    def cpu_by_process_s(self) -> dict[str, float]:
+        """:meth:`cpu_s` by process: ``bot`` (the engine host, with workers) and ``worker N``."""
+        pids = self.bot_pids()
+        return {
+            ("bot" if n == 0 else f"worker {n}"): self._stat_cpu_s(f"/proc/{pid}/stat")
+            for n, pid in enumerate(pids)
+        }
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the opsbot processes so far (with workers: the engine host
+        and every worker; never vLLM's engine processes)."""
+        return sum(self._stat_cpu_s(f"/proc/{pid}/stat") for pid in self.bot_pids())
 
     def main_thread_cpu_s(self) -> float:
-        """User + system CPU seconds of the event loop's thread alone (the process's main thread):
-        the rest of :meth:`cpu_s` is spent beside it (worker threads, vLLM's own)."""
-        assert self.proc is not None
-        stat = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds of the event loops' threads alone (each process's main thread):
+        the rest of :meth:`cpu_s` is spent beside them (worker threads, vLLM's own)."""
+        return sum(self._stat_cpu_s(f"/proc/{pid}/task/{pid}/stat") for pid in self.bot_pids())
 
     def thread_cpu_s(self) -> dict[str, float]:
-        """CPU seconds by thread name (the event loop is ``python``'s main thread)."""
+        """CPU seconds by thread name (the event loop is ``python``'s main thread; a worker's
+        threads are named ``worker N: ...``)."""
         assert self.proc is not None
-        ticks = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = {}
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            with contextlib.suppress(OSError):
-                head, tail = task.joinpath("stat").read_text().rsplit(")", 1)
-                name = head.split("(", 1)[1] + ("" if task.name != str(self.proc.pid) else " (main)")
-                fields = tail.split()
-                out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        for n, pid in enumerate(self.bot_pids()):
+            prefix = f"worker {n}: " if n else ""
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    head = task.joinpath("stat").read_text().rsplit(")", 1)[0]
+                    name = prefix + head.split("(", 1)[1] + ("" if task.name != str(pid) else " (main)")
+                    out[name] = out.get(name, 0.0) + self._stat_cpu_s(str(task / "stat"))
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     async def ready(self, workspace: Workspace, timeout_s: float) -> None:
@@ -825,6 +849,7 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
     return {
         "data_dir": str(workdir),
         "event_loop": args.event_loop,
+        "workers": args.workers,
         "admission": admission,
         "log_level": args.bot_log_level,
         "engine": engine,
@@ -884,6 +909,7 @@ async def run_platform(
             steps.append((label, functools.partial(driver.poisson, rate, args.sweep_seconds, label, 0.0)))
         for label, step in steps:
             c0, m0, b0, w0 = bot.cpu_s(), bot.main_thread_cpu_s(), ws.cpu_s(), time.monotonic()
+            p0 = bot.cpu_by_process_s()
             got = await step()
             wall = time.monotonic() - w0
             reqs += got
@@ -895,6 +921,11 @@ async def run_platform(
                     "opsbot_cpu_s": round(bot.cpu_s() - c0, 3),
                     "opsbot_main_thread_cpu_s": round(bot.main_thread_cpu_s() - m0, 3),
                     "bench_cpu_s": round(ws.cpu_s() - b0, 3),
+                    # with workers: the engine host's share and each worker's (a restarted
+                    # worker's counter starts again, so it can read low)
+                    "opsbot_cpu_by_process_s": {
+                        k: round(v - p0.get(k, 0.0), 3) for k, v in bot.cpu_by_process_s().items()
+                    },
                     "loadavg": os.getloadavg(),
                 }
             )
@@ -1070,7 +1101,8 @@ def markdown(report: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
         f"- engine: {report['config']['engine']}, rate budgets {report['config']['budgets']}, "
         f"{report['config']['channels']} channels, event loop "
-        f"{report['config'].get('event_loop_resolved', 'asyncio')}",
+        f"{report['config'].get('event_loop_resolved', 'asyncio')}, "
+        f"{report['config'].get('workers', 1)} bot process(es) (workers)",
         "",
         "Times in ms after the event left the fake platform, P50 / P99. *first token* is the first "
         "answer text the fake server received; *submit* is the engine's submit; *queue / TTFT / TPOT* "
@@ -1406,6 +1438,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="the bot's event_loop setting (auto: uvloop where installed, as shipped)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the bot's workers setting (N > 1: an engine host and N worker processes; CPU counts all)",
+    )
     p.add_argument("--answer-tokens", type=int, default=64, help="max_tokens of mentions and follow-ups")
     p.add_argument("--rca-tokens", type=int, default=64, help="max_tokens of /rca (root cause)")
     p.add_argument(
@@ -1482,6 +1520,7 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "engine_args": args.engine_arg,
             "admission": args.admission or ("unlimited" if args.engine == "synthetic" else "default"),
             "event_loop": args.event_loop,
+            "workers": args.workers,
             # what the bot process (same interpreter) runs on: reports before 2026-12-02 ran asyncio
             "event_loop_resolved": event_loop.resolve(args.event_loop),
             "max_model_len": args.max_model_len,

@@ -54,6 +54,8 @@ class OpsBot:
         self.progress = progress or (lambda line: logger.info("%s", line))
         self.store: Store | None = None
         self.engine: EngineSet | None = None
+        self.models: dict[str, str] = {}
+        """Each engine's resolved model, by engine name (after ``start_core``)."""
         self.pipeline: Pipeline | None = None
         self.context: ContextGatherer | None = None
         self.slo: SloGuard | None = None
@@ -66,14 +68,18 @@ class OpsBot:
         self._stop = asyncio.Event()
         self.exit_code = 0
 
-    async def start_core(self) -> Pipeline:
-        """Store, engine, context and pipeline (what ``opsbot chat`` needs)."""
+    async def start_core(self, engines_built: tuple[EngineSet, dict[str, str]] | None = None) -> Pipeline:
+        """Store, engine, context and pipeline (what ``opsbot chat`` needs). ``engines_built``: an
+        engine set made elsewhere and its models by name (a worker's, over the bridge to the
+        engine host) instead of the configured engines."""
         s = self.settings
         self.progress(f"event loop: {running_loop_name()}")
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
-        engines, models = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)
-        self.engine = engines
+        if engines_built is None:
+            engines_built = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)
+        engines, models = engines_built
+        self.engine, self.models = engines, models
         names = engines.names
         t0 = time.perf_counter()
         system_prompt = load_system_prompt(s.prompt.system_prompt, s.prompt.system_prompt_file)

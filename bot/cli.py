@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -260,6 +260,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "chat":
         return event_loop.run(_chat(settings, err), settings.event_loop)
     if args.command == "run":
+        from bot import workers
+
+        if workers.worker_slot() is not None:
+            return event_loop.run(workers.run_worker(settings, _worker_progress(err)), settings.event_loop)
         if _needs_supervisor(settings):
             from bot.supervisor import supervise
 
@@ -291,6 +295,16 @@ def _needs_supervisor(settings: Settings) -> bool:
 
     on_vllm = any(pick_backend(settings, engine=name) == "vllm" for name in settings.engine_configs())
     return not os.environ.get(SUPERVISED_ENV) and on_vllm
+
+
+def _worker_progress(err: Console) -> Callable[[str], None]:
+    """Start-up lines of a worker, named as such (the host's and every worker's share stderr)."""
+    from bot import workers
+
+    slot = workers.worker_slot()
+    assert slot is not None
+    name = f"worker {slot[0] + 1}/{slot[1]}"
+    return lambda line: err.print(f"[dim]{name}: {line}[/dim]", highlight=False)
 
 
 def _setup_logging(settings: Settings, *, debug: bool) -> None:
@@ -403,7 +417,14 @@ async def _run(settings: Settings, err: Console) -> int:
     from bot.adapters.registry import build_adapters
     from bot.app import OpsBot
 
-    bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
+    def progress(line: str) -> None:
+        err.print(f"[dim]{line}[/dim]", highlight=False)
+
+    if settings.workers > 1:
+        from bot.workers import run_engine_host
+
+        return await run_engine_host(settings, progress)
+    bot = OpsBot(settings, progress=progress)
     bot.install_signal_handlers()
     try:
         await bot.start_core()

@@ -712,6 +712,12 @@ class Settings(BaseSettings):
     """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and
     macOS, with opsbot), else asyncio's; ``uvloop`` insists on it; ``asyncio`` keeps the standard
     loop (for a profiler that wants Python frames). See ``bot/event_loop.py``."""
+    workers: int = Field(1, ge=1, le=10)
+    """Bot processes behind the one engine in ``opsbot run``: above 1, this process hosts the engine
+    (and its admission lanes) and N worker processes run the chat adapters and the pipeline, each
+    on its own core (see ``bot/workers.py``). Slack Socket Mode spreads events over the workers'
+    connections (Slack allows 10 per app), Mattermost channels are split by a hash of their id,
+    and worker 1 serves HTTP (Slack HTTP mode, Alertmanager, health, metrics)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """Inference engine."""
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)

@@ -61,6 +61,16 @@ class HFChatTokenizer(ChatTokenizer):
         self._boundary_ok: dict[tuple[tuple[str, ...], str], bool] = {}
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (``workers`` send it to each bot process): everything but the lock."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def eos_token_id(self) -> int | None:
         """The end-of-sequence id generation stops at."""

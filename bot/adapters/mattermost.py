@@ -39,6 +39,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -163,6 +164,9 @@ class MattermostAdapter(ChatAdapter):
         self.caught_up_posts = 0
         """Posts handed to the pipeline from a REST catch-up rather than the websocket."""
         self._submit: MessageSink | None = None
+        self.channel_filter: Callable[[str], bool] | None = None
+        """Answer only the channels this returns True for (``None``: every channel); set in one of
+        several workers, which all see every post (``bot/workers.py``)."""
         self._channel_types: dict[str, str] = {}
         self._last_seen: dict[str, int] = {}
         self._pending_since: dict[str, int] = {}
@@ -494,6 +498,8 @@ class MattermostAdapter(ChatAdapter):
         """Turn one post into a message for the pipeline if opsbot should answer it; 1 if so."""
         post_id = str(post.get("id", ""))
         channel = str(post.get("channel_id", ""))
+        if self.channel_filter is not None and not self.channel_filter(channel):
+            return 0  # another worker's channel
         create_at = int(post.get("create_at", 0))
         if create_at > self._last_seen.get(channel, 0):
             self._last_seen[channel] = create_at

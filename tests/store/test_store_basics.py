@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from bot.config import StoreSettings
 from bot.store import AlertThread, RequestRecord, Store
-from bot.store.models import FeedbackRow, RequestRow
+from bot.store.models import FeedbackRow, ProcessedEventRow, RequestRow
+from bot.store.records import Claim
 
 
 def request(request_id: str, **fields: object) -> RequestRecord:
@@ -32,6 +34,54 @@ async def test_claim_event_is_won_only_by_the_first_claim(store: Store) -> None:
     assert await store.claim_event("slack", "Ev1") is False
     assert await store.claim_event("mattermost", "Ev1") is True  # the key is per platform
     assert await store.claim_event("slack", "Ev2") is True
+
+
+async def test_a_burst_of_claims_shares_statements_and_each_event_is_won_once(
+    db_url: str, store_settings: StoreSettings, store: Store
+) -> None:
+    """64 mentions at once, one of them delivered three times (a platform retry racing the first
+    copy), one already claimed by another replica, plus leased claims: one statement decides them
+    together, and each event still has exactly one winner."""
+    other = await Store.open(db_url, store_settings)  # another replica, same database
+    try:
+        assert await other.claim_event("slack", "Burst-7")
+        ids = [f"Burst-{i}" for i in range(64)] + ["Burst-3", "Burst-3"]
+        lease = Claim("slack", "Burst-5", request_id="r-5", channel="C1", thread_id="1.1", user="U1")
+        inserts: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith("INSERT INTO OPSBOT_PROCESSED_EVENTS"):
+                inserts.append(statement)
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+        try:
+            won = await asyncio.gather(
+                *(store.claim_event("slack", e, lease if e == "Burst-5" else None) for e in ids)
+            )
+        finally:
+            event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+    finally:
+        await other.close()
+    assert 1 <= len(inserts) <= 2, f"{len(ids)} claims took {len(inserts)} INSERT statements"
+    by_event: dict[str, list[bool]] = {}
+    for event_id, result in zip(ids, won, strict=True):
+        by_event.setdefault(event_id, []).append(result)
+    assert by_event.pop("Burst-7") == [False]  # the other replica has it
+    assert by_event.pop("Burst-3") == [True, False, False]  # the first copy answers, once
+    assert all(results == [True] for results in by_event.values())
+    async with store.engine.connect() as conn:
+        leased = (
+            await conn.execute(
+                select(ProcessedEventRow.state, ProcessedEventRow.request_id).where(
+                    ProcessedEventRow.event_id == "Burst-5"
+                )
+            )
+        ).one()
+        plain = (
+            await conn.execute(select(ProcessedEventRow.state).where(ProcessedEventRow.event_id == "Burst-9"))
+        ).scalar_one()
+    assert tuple(leased) == ("answering", "r-5")
+    assert plain == "done"
 
 
 async def test_a_claim_is_still_refused_after_a_restart(

@@ -109,6 +109,19 @@ POST_EVENT_TYPE = "opsbot_post"
 id and a key unique to the post, by which a retried post is found instead of posted twice."""
 NATIVE_TEXT_LIMIT = 12_000
 """Characters of markdown in one natively streamed message (``markdown_text``'s limit)."""
+UNKNOWN_USER_TTL_S = 3600.0
+"""Seconds a user that ``users.info`` does not know stays unknown before it is looked up again."""
+FIRST_PIECE_CHARS = 8
+"""Text is streamed up to its last whole word (a word still growing may yet turn out to be a secret
+and be redacted), except the answer's very first piece: up to this many characters of a first word
+go out at once. The engine sends the first token alone and the next ones a few tokens later
+(vLLM's ``stream_interval``), so waiting for the first whole word cost that many decode steps
+(~80 ms under load on the H200) before anything was visible; a word that does turn out to be a
+secret has shown at most this much of its start, and the final message replaces it."""
+SOURCES_WAIT_S = 0.5
+"""Seconds the sources' task update waits for the answer's first words to share its
+``chat.appendStream`` (one call instead of two per answer, and no round trip ahead of the first
+words); sent alone after that, so a long model queue never hides which sources were read."""
 STREAM_UNAVAILABLE = frozenset(
     {
         "unknown_method",
@@ -435,6 +448,9 @@ class _NativeRendering(ReplyStream):
         self._closed = False
         self._started_at = time.monotonic()
         self._last_append = float("-inf")
+        self._pending_chunks: list[dict[str, Any]] | None = None
+        """The sources' task updates, waiting for the first words to travel with (``show_sources``)."""
+        self._sources_due = float("inf")
 
     @property
     def thread_id(self) -> str:
@@ -465,6 +481,8 @@ class _NativeRendering(ReplyStream):
             )
 
     async def show_sources(self, sources: Sequence[SourceNote]) -> None:
+        """Queue the sources' task updates: they travel with the answer's first words (one
+        ``chat.appendStream``, no round trip ahead of them) or alone after ``SOURCES_WAIT_S``."""
         chunks: list[dict[str, Any]] = []
         for i, note in enumerate(sources):
             failed = note.status not in ("ok", "empty", "skipped")
@@ -480,13 +498,12 @@ class _NativeRendering(ReplyStream):
         chunks.append(
             {"type": "task_update", "id": "context", "title": "Cluster context", "status": "complete"}
         )
-        try:
-            # The edit interval paces the answer's text, not this one task update: the first
-            # words go out as soon as the engine has them (the appendStream budget still holds).
-            with ticket(Priority.STREAM, self._started_at):
-                await self.stream.append(chunks=chunks)
-        except (SlackCallError, SlackRequestError) as exc:  # the footer still lists the sources
-            logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
+        if self._closed or self._broken:
+            return
+        self._pending_chunks = chunks
+        self._sources_due = time.monotonic() + SOURCES_WAIT_S
+        asyncio.get_running_loop().call_later(SOURCES_WAIT_S, self._wake.set)
+        self._start_editor()
 
     def seconds_to_next_edit(self) -> float:
         return max(0.0, self._last_append + self.edit_interval_s - time.monotonic())
@@ -496,6 +513,9 @@ class _NativeRendering(ReplyStream):
             return
         self._latest = text
         self._wake.set()
+        self._start_editor()
+
+    def _start_editor(self) -> None:
         if self._editor is None:
             self._editor = asyncio.create_task(self._append_loop(), name=f"reply-stream-{self.channel}")
 
@@ -509,9 +529,14 @@ class _NativeRendering(ReplyStream):
             return ""  # rewritten (redaction): the final message repairs it
         cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
         stable = shown[: min(cut, self.limit)]
+        if not self._sent and not stable.strip() and len(shown.strip()) <= FIRST_PIECE_CHARS:
+            stable = shown  # the first token, at once (see FIRST_PIECE_CHARS)
         delta = stable[len(self._sent) :]
         # Whitespace alone shows nothing yet and would spend the edit interval: wait for a word.
         return delta if delta.strip() else ""
+
+    def _sources_overdue(self) -> bool:
+        return self._pending_chunks is not None and time.monotonic() >= self._sources_due
 
     async def _append_loop(self) -> None:
         budget = self._adapter.budget
@@ -519,39 +544,54 @@ class _NativeRendering(ReplyStream):
             await self._wake.wait()
             self._wake.clear()
             wait = self._last_append + self.edit_interval_s - time.monotonic()
+            text_due = True
             if wait > 0:
-                await asyncio.sleep(wait)
-            if self._closed or not self._stable_delta():
+                if self._sources_overdue():  # the edit interval paces text, not the task update
+                    text_due = False
+                else:
+                    await asyncio.sleep(wait)
+            if self._closed or not (self._stable_delta() or self._sources_overdue()):
                 continue
             since = self._started_at if self._last_append == float("-inf") else self._last_append
             permit = await budget.acquire(
                 "chat.appendStream", self.channel, ticket=Ticket(Priority.STREAM, since)
             )
-            delta = self._stable_delta()  # the newest text, taken after the wait for a slot
-            if not delta:
+            delta = self._stable_delta() if text_due else ""  # the newest, after the wait for a slot
+            chunks = self._take_pending()
+            if not delta and not chunks:
                 permit.release()
                 continue
             with prepaid(permit):
-                self._in_flight = asyncio.ensure_future(self._append(delta))
+                self._in_flight = asyncio.ensure_future(self._append(delta, chunks))
             self._in_flight.add_done_callback(release_when_done(permit))
             try:
                 await asyncio.shield(self._in_flight)
             except asyncio.CancelledError:
                 raise
             except (SlackCallError, SlackRequestError) as exc:
+                if not delta:  # the task update alone: the footer still lists the sources
+                    logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
+                    continue
                 self._broken = str(exc)
                 logger.warning(
                     "slack stream append failed in %s: %s (repaired at the end)", self.channel, exc
                 )
                 return
             finally:
-                self._last_append = time.monotonic()
+                if delta:
+                    self._last_append = time.monotonic()
+                elif self._latest is not None:
+                    self._wake.set()  # text held back by its edit interval goes next
 
-    async def _append(self, delta: str) -> None:
+    async def _append(self, delta: str, chunks: list[dict[str, Any]] | None = None) -> None:
         # What was sent is recorded here, not in the loop: finish() may stop the loop mid-call.
-        await self.stream.append(markdown_text=delta)
+        if chunks:
+            text = [{"type": "markdown_text", "text": delta}] if delta else []
+            await self.stream.append(chunks=[*chunks, *text])
+        else:
+            await self.stream.append(markdown_text=delta)
         self._sent += delta
-        if self.first_visible_at is None:
+        if delta and self.first_visible_at is None:
             self.first_visible_at = time.perf_counter()
 
     async def finish(self, answer: FinalAnswer) -> None:
@@ -579,6 +619,7 @@ class _NativeRendering(ReplyStream):
                 try:
                     await self.stream.stop(
                         markdown_text=first[len(self._sent) :] or None,
+                        chunks=self._take_pending(),
                         blocks=footer_blocks(answer) if single else None,
                         metadata=tag,
                     )
@@ -600,12 +641,17 @@ class _NativeRendering(ReplyStream):
                     answer.request_id,
                 )
 
+    def _take_pending(self) -> list[dict[str, Any]] | None:
+        """The sources' task updates not sent yet (the stream's last call carries them)."""
+        chunks, self._pending_chunks = self._pending_chunks, None
+        return chunks
+
     async def _repair(self, first: str, final: FinalAnswer | None) -> None:
         """The stream no longer matches the answer (redaction rewrote text, a call failed): stop it
         if it still streams, then replace its text with a normal ``chat.update``."""
         if self.stream._state != "completed":  # slack_sdk keeps no public flag for it
             with contextlib.suppress(SlackCallError, SlackRequestError):
-                await self.stream.stop()
+                await self.stream.stop(chunks=self._take_pending())
         mrkdwn = markdown_to_mrkdwn(first)
         params: dict[str, Any] = {
             "channel": self.channel,
@@ -732,6 +778,8 @@ class SlackAdapter(ChatAdapter):
         """Reaction swaps after answers (background, lowest priority)."""
         self._names: dict[str, str] = {}
         """Display names by user id (``users.info``), for threads read back."""
+        self._unknown_users: dict[str, float] = {}
+        """Users ``users.info`` does not know, until when (monotonic seconds) that is believed."""
         self._channel_names: dict[str, str | None] = {}
         self.app = self._build_app()
 
@@ -1335,14 +1383,21 @@ class SlackAdapter(ChatAdapter):
         )
 
     async def _user_names(self, users: set[str]) -> dict[str, str]:
-        """Display names of ``users`` (``users.info``, remembered); an unknown user keeps its id."""
-        missing = [u for u in users if u not in self._names]
+        """Display names of ``users`` (``users.info``, remembered); an unknown user keeps its id.
+
+        A user Slack does not know (``user_not_found``: a Slack Connect guest, a deleted account)
+        is remembered as unknown for ``UNKNOWN_USER_TTL_S``: every follow-up in that thread would
+        otherwise ask again."""
+        now = time.monotonic()
+        missing = [u for u in users if u not in self._names and self._unknown_users.get(u, 0.0) <= now]
 
         async def look_up(user: str) -> None:
             try:
                 data = await self.call("users.info", {"user": user}, http_verb="GET")
             except SlackCallError as exc:
                 logger.info("slack users.info %s: %s", user, exc)
+                if isinstance(exc, SlackRejected):  # an answer about the user, not a failed call
+                    self._unknown_users[user] = time.monotonic() + UNKNOWN_USER_TTL_S
                 return
             info = data.get("user") or {}
             profile = info.get("profile") or {}

@@ -9,7 +9,7 @@ import pytest
 from fakes.slack_harness import DEFAULTS, BotFactory, answers, has_footer, settled
 from fakes.slack_server import STREAM_METHODS, FakeSlack
 
-from bot.adapters.slack import SlackReply
+from bot.adapters.slack import FIRST_PIECE_CHARS, SOURCES_WAIT_S, SlackReply
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,20 +53,51 @@ async def test_an_answer_streams_natively_plan_and_sources_first_then_markdown_t
     assert tasks["kubernetes"]["status"] == "complete"
     assert tasks["prometheus"]["status"] == "error" and "after 2.0 s" in tasks["prometheus"]["output"]
     # The text is appended in pieces, never faster than the edit interval, and the whole answer
-    # arrived once; the first words follow the sources' task update at once (the interval paces
-    # text, it does not hold the first token back).
+    # arrived once; the sources' task update travels with the first words, in one call.
     texts = [(at, text) for at, text in msg.appends if text]
     assert len(texts) >= 3
     gaps = [b - a for (a, _), (b, _) in zip(texts, texts[1:], strict=False)]
     assert min(gaps) >= 0.2 * 0.95, gaps
-    sources_at = max(at for at, text in msg.appends if not text and at < texts[0][0])
-    assert texts[0][0] - sources_at < 0.2 * 0.5
+    appends = [c.params for c in slack.calls if c.method == "chat.appendStream"]
+    first_kinds = [chunk["type"] for chunk in appends[0]["chunks"]]
+    assert first_kinds == ["task_update"] * 3 + ["markdown_text"], first_kinds
+    assert appends[0]["chunks"][-1]["text"] == "word0 "
+    assert len(appends) == len(texts) - 1  # every other call carries text; stopStream the rest
     assert msg.text == final.replace("<!channel>", "<\u200b!channel>")  # a mention in model text is defanged
     assert has_footer(msg)
     buttons = [e["action_id"] for b in msg.blocks or [] if b["type"] == "actions" for e in b["elements"]]
     assert buttons == ["opsbot_feedback_up:req-native", "opsbot_feedback_down:req-native"]
     assert msg.metadata is not None and msg.metadata["event_payload"]["request_id"] == "req-native"
     assert not [c for c in slack.calls if c.method == "chat.update"]
+
+
+async def test_the_sources_go_alone_when_the_first_words_are_late_and_the_first_token_goes_at_once(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    bot = await make_bot(**DEFAULTS, edit_interval_s=0.2)
+    reply = await bot.adapter.open_reply(_question(slack))
+    (msg,) = slack.bot_messages("C1")
+    await reply.show_sources([SourceNote("kubernetes", "ok")])
+    await asyncio.sleep(SOURCES_WAIT_S / 2)
+    assert len(msg.chunks) == 2  # the plan and the context task: the sources wait for words
+    await slack.wait_for(lambda: len(msg.chunks) == 4, timeout_s=SOURCES_WAIT_S * 4)
+    assert msg.text == ""  # the engine is still queued: the sources alone, no text yet
+    # The first token goes out at once although it is no whole word yet; after it, whole words.
+    await reply.update("Root")
+    await slack.wait_for(lambda: msg.text == "Root")
+    await reply.update("Root cause: the pas")
+    await asyncio.sleep(0.4)
+    assert msg.text == "Root cause: the "  # "pas" may still grow into a secret
+    # A first token longer than FIRST_PIECE_CHARS waits for its word, like every later one.
+    other = await bot.adapter.open_reply(_question(slack, "C2"))
+    await other.update("x" * (FIRST_PIECE_CHARS + 1))
+    await asyncio.sleep(0.3)
+    (second,) = slack.bot_messages("C2")
+    assert second.text == ""
+    await reply.finish(FinalAnswer(request_id="req-late", text="Root cause: the password is [REDACTED]"))
+    await other.finish(FinalAnswer(request_id="req-long", text="x" * (FIRST_PIECE_CHARS + 1)))
+    assert msg.text == "Root cause: the password is [REDACTED]" and not msg.streaming
+    assert second.text == "x" * (FIRST_PIECE_CHARS + 1)
 
 
 async def test_text_rewritten_after_it_was_streamed_is_repaired_with_one_update(

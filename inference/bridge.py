@@ -14,10 +14,12 @@ Wire: a Unix socket that only the host's user can open (its folder is ``0700``);
   stopped reading: the host cancels the generation, which aborts it in the engine),
   ``("abort", request_id)`` (:meth:`Engine.abort`).
 - host -> worker: ``("hello", info)`` once (engine names, routes, models, tokenizers, a snapshot),
-  ``("ev", rid, TextDelta | GenerationResult)``, ``("err", rid, error)`` (an ``EngineError``,
-  rebuilt on the worker's side as the same class with the same fields), ``("end", rid)``, and
-  ``("snap", snapshot)`` every ``SNAPSHOT_EVERY_S`` (each engine's health and stats, so a worker's
-  ``/readyz``, ``/metrics`` and ``/rca status`` read the host's engine without a round trip).
+  then ``("batch", [message, ...])`` frames, one per event-loop turn, holding ``("text", rid, str)``
+  (new text; consecutive pieces of one generation within a turn are joined), ``("ev", rid,
+  GenerationResult)``, ``("err", rid, error)`` (an ``EngineError``, rebuilt on the worker's side as
+  the same class with the same fields), ``("end", rid)``, and ``("snap", snapshot)`` every
+  ``SNAPSHOT_EVERY_S`` (each engine's health and stats, so a worker's ``/readyz``, ``/metrics`` and
+  ``/rca status`` read the host's engine without a round trip).
 
 When the host goes away every generation in flight fails with :class:`EngineDeadError` and the
 workers' engines report not ready.
@@ -47,6 +49,7 @@ from inference.engine import (
     EngineStats,
     GenerationEvent,
     GenerationRequest,
+    TextDelta,
 )
 from inference.engine_set import EngineSet
 
@@ -93,23 +96,38 @@ def _rebuild_error(state: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Engine
 
 
 class _Outbox:
-    """Frames to one peer, written together once per event-loop turn: the engine hands over the
-    outputs of a whole batch step at once, and one write per step instead of one per request
-    saves a system call for each of them."""
+    """Messages to one peer, sent together once per event-loop turn as one ``batch`` frame: the
+    engine hands over the outputs of a whole batch step at once, and one pickle and one write per
+    step instead of one per request saves the host's loop (the busiest one under a burst) a
+    serialisation and a system call for each of them. Text for a generation that already has text
+    waiting in this turn is joined to it."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self._frames: list[bytes] = []
+        self._messages: list[Any] = []
+        self._text_at: dict[int, int] = {}
+        """Where each generation's waiting text is in ``_messages`` (joined, not appended)."""
 
     def send(self, message: tuple[Any, ...]) -> None:
-        if not self._frames:
+        if not self._messages:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._frames.append(_frame(message))
+        self._messages.append(message)
+
+    def send_text(self, rid: int, text: str) -> None:
+        """New text of generation ``rid`` (joined to its text already waiting in this turn)."""
+        at = self._text_at.get(rid)
+        if at is not None:
+            _, _, waiting = self._messages[at]
+            self._messages[at] = ("text", rid, waiting + text)
+            return
+        self._text_at[rid] = len(self._messages)
+        self.send(("text", rid, text))
 
     def _flush(self) -> None:
-        frames, self._frames = self._frames, []
-        if frames and not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
+        messages, self._messages = self._messages, []
+        self._text_at.clear()
+        if messages and not self.writer.is_closing():
+            self.writer.write(_frame(("batch", messages)))
 
 
 def _snapshot(engines: EngineSet) -> dict[str, tuple[EngineHealth, EngineStats]]:
@@ -207,7 +225,10 @@ class BridgeServer:
         self.generations += 1
         try:
             async for event in self.engines.get(name).generate(request):
-                outbox.send(("ev", rid, event))
+                if isinstance(event, TextDelta):
+                    outbox.send_text(rid, event.text)
+                else:
+                    outbox.send(("ev", rid, event))
             outbox.send(("end", rid))
         except asyncio.CancelledError:
             raise
@@ -288,14 +309,14 @@ class BridgeClient:
         reason = "the engine host closed the bridge"
         try:
             while True:
-                message = await _read_frame(self._reader)
-                kind = message[0]
-                if kind == "snap":
-                    self.snapshot = message[1]
-                    continue
-                stream = self._streams.get(message[1])
-                if stream is not None:
-                    stream.queue.put_nowait(message)
+                frame = await _read_frame(self._reader)
+                for message in frame[1] if frame[0] == "batch" else (frame,):
+                    if message[0] == "snap":
+                        self.snapshot = message[1]
+                        continue
+                    stream = self._streams.get(message[1])
+                    if stream is not None:
+                        stream.queue.put_nowait(message)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             reason = f"the engine host closed the bridge ({type(exc).__name__})"
         except asyncio.CancelledError:
@@ -326,7 +347,9 @@ class BridgeClient:
             while True:
                 message = await stream.queue.get()
                 kind = message[0]
-                if kind == "ev":
+                if kind == "text":
+                    yield TextDelta(message[2])
+                elif kind == "ev":
                     yield message[2]
                 elif kind == "end":
                     done = True

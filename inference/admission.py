@@ -6,10 +6,13 @@ background requests are admitted, their prefill chunks fill every scheduler step
 then waits for those steps: raw vLLM measured 313-331 ms urgent TTFT with 56 long requests
 running. The bot knows which requests are urgent, so it paces what it hands the engine:
 
-- **prefill pacing**: at most ``max_prefilling[lane]`` requests of a lane are admitted but still
-  before their first token. A background burst then enters the engine a few requests per step,
-  every step stays short, and an urgent arrival is scheduled in the next step. The same work
-  still runs at full batch width once its prefill is done, so throughput barely changes.
+- **prefill pacing**: the requests of a lane admitted but still before their first token bring at
+  most ``max_prefill_tokens[lane]`` new prompt tokens (those the prefix cache does not hold, as
+  estimated from the shared prefix with the scenario's previous prompt) and number at most
+  ``max_prefilling[lane]``. A burst of long prompts then enters the engine a few requests per
+  step, every step stays short, and an urgent arrival is scheduled in the next step; a burst of
+  mentions that share the cached system prompt (~100 new tokens each) goes in at once, as raw
+  vLLM would take it. The same work still runs at full batch width once its prefill is done.
 - **urgent hold**: while an urgent request waits here or is still before its first token, no
   background request is admitted at all (``hold_background_while_urgent_prefills``), and the
   background lane's in-flight count may be capped (``background_max_in_flight_when_urgent``).
@@ -76,6 +79,25 @@ _KV_RECHECK_S = 0.05
 """How often background work held by the KV watermark is looked at again (about an engine step)."""
 
 
+PREFIX_BLOCK_TOKENS = 16
+"""Tokens per KV block: vLLM's prefix cache reuses whole blocks only (its default block size)."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo] holds, a[:hi + 1] != b[:hi + 1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 QueueListener = Callable[[Mapping[Lane, int], Mapping[Lane, int]], None]
 """Called with (queued per lane, in flight per lane) whenever either changes."""
 
@@ -83,9 +105,16 @@ QueueListener = Callable[[Mapping[Lane, int], Mapping[Lane, int]], None]
 class Ticket:
     """One admitted request's hold on its lane; release it exactly once (``release`` is idempotent)."""
 
-    __slots__ = ("_controller", "_prefilling", "_released", "lane", "request_id", "waited_s")
+    __slots__ = ("_controller", "_prefilling", "_released", "lane", "new_tokens", "request_id", "waited_s")
 
-    def __init__(self, controller: AdmissionController, lane: Lane, request_id: str, waited_s: float) -> None:
+    def __init__(
+        self,
+        controller: AdmissionController,
+        lane: Lane,
+        request_id: str,
+        waited_s: float,
+        new_tokens: int = 0,
+    ) -> None:
         self._controller = controller
         self._prefilling = True
         self._released = False
@@ -93,18 +122,20 @@ class Ticket:
         self.request_id = request_id
         self.waited_s = waited_s
         """Seconds the request waited for admission."""
+        self.new_tokens = new_tokens
+        """Prompt tokens the engine has to prefill (not in its prefix cache, as estimated)."""
 
     def first_token(self) -> None:
         """The engine produced the request's first token: its prefill no longer counts."""
         if self._prefilling and not self._released:
             self._prefilling = False
-            self._controller._prefill_done(self.lane)
+            self._controller._prefill_done(self.lane, self.new_tokens)
 
     def release(self) -> None:
         """The request finished, failed or was aborted: free its slot."""
         if not self._released:
             self._released = True
-            self._controller._release(self.lane, self._prefilling)
+            self._controller._release(self.lane, self._prefilling, self.new_tokens)
             self._prefilling = False
 
 
@@ -114,6 +145,7 @@ class _Waiter:
     request_id: str
     future: asyncio.Future[None]
     queued_at: float
+    new_tokens: int = 0
 
 
 class AdmissionController:
@@ -139,6 +171,8 @@ class AdmissionController:
         self._queues: dict[Lane, deque[_Waiter]] = {lane: deque() for lane in LANE_ORDER}
         self._in_flight: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
         self._prefilling: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
+        self._prefill_tokens: dict[Lane, int] = dict.fromkeys(LANE_ORDER, 0)
+        """New prompt tokens of each lane's requests admitted and before their first token."""
         self._limits: dict[Lane, int | None] = {
             lane: self.config.max_in_flight.get(lane) for lane in LANE_ORDER
         }
@@ -203,13 +237,20 @@ class AdmissionController:
     def _urgent_pending(self) -> bool:
         return bool(self._queues[Lane.URGENT]) or self._prefilling[Lane.URGENT] > 0
 
-    def _may_admit(self, lane: Lane) -> bool:
+    def _may_admit(self, lane: Lane, new_tokens: int = 0) -> bool:
         cfg = self.config
         limit = self._limits[lane]
         if limit is not None and self._in_flight[lane] >= limit:
             return False
         prefill_limit = cfg.max_prefilling.get(lane)
         if prefill_limit is not None and self._prefilling[lane] >= prefill_limit:
+            return False
+        token_budget = cfg.max_prefill_tokens.get(lane)
+        if (
+            token_budget is not None
+            and self._prefilling[lane] > 0  # a prompt larger than the budget still goes in alone
+            and self._prefill_tokens[lane] + new_tokens > token_budget
+        ):
             return False
         if lane is Lane.BACKGROUND:
             if cfg.hold_background_while_urgent_prefills and self._urgent_pending():
@@ -239,20 +280,23 @@ class AdmissionController:
         self._kv_recheck = None
         self._pump()
 
-    def _grant(self, lane: Lane) -> None:
+    def _grant(self, lane: Lane, new_tokens: int = 0) -> None:
         self._in_flight[lane] += 1
         self._prefilling[lane] += 1
+        self._prefill_tokens[lane] += new_tokens
 
     def _pump(self) -> None:
         """Admit queued requests, most urgent lane first, FIFO within a lane."""
         changed = False
         for lane in LANE_ORDER:
             queue = self._queues[lane]
-            while queue and self._may_admit(lane):
+            while queue and queue[0].future.done():  # cancelled or timed out: already accounted for
+                queue.popleft()
+            while queue and self._may_admit(lane, queue[0].new_tokens):
                 waiter = queue.popleft()
-                if waiter.future.done():  # cancelled or timed out: already accounted for
+                if waiter.future.done():
                     continue
-                self._grant(lane)
+                self._grant(lane, waiter.new_tokens)
                 waiter.future.set_result(None)
                 changed = True
         if changed:
@@ -260,25 +304,26 @@ class AdmissionController:
 
     # --- the API -------------------------------------------------------------------------------
 
-    async def acquire(self, lane: Lane, request_id: str) -> Ticket:
-        """Wait for a slot in ``lane``; :class:`EngineOverloadedError` if the queue is full or the wait
-        times out, :class:`RequestAbortedError` if the controller is closed meanwhile."""
+    async def acquire(self, lane: Lane, request_id: str, new_tokens: int = 0) -> Ticket:
+        """Wait for a slot in ``lane`` for a request with ``new_tokens`` prompt tokens to prefill;
+        :class:`EngineOverloadedError` if the queue is full or the wait times out,
+        :class:`RequestAbortedError` if the controller is closed meanwhile."""
         if self._closed is not None:
             raise RequestAbortedError(self._closed)
         lane = Lane(lane)
         start = time.perf_counter()
         queue = self._queues[lane]
         # Nobody ahead in this lane and room now: no queueing (and no event-loop round trip).
-        if not queue and self._may_admit(lane):
-            self._grant(lane)
+        if not queue and self._may_admit(lane, new_tokens):
+            self._grant(lane, new_tokens)
             self._notify()
-            return Ticket(self, lane, request_id, 0.0)
+            return Ticket(self, lane, request_id, 0.0, new_tokens)
         max_queue = self.config.max_queue.get(lane)
         if max_queue is not None and len(queue) >= max_queue:
             raise EngineOverloadedError(
                 f"the {lane.value} lane is full ({len(queue)} requests waiting); try again in a minute"
             )
-        waiter = _Waiter(lane, request_id, asyncio.get_running_loop().create_future(), start)
+        waiter = _Waiter(lane, request_id, asyncio.get_running_loop().create_future(), start, new_tokens)
         queue.append(waiter)
         self._notify()
         try:
@@ -286,7 +331,7 @@ class AdmissionController:
         except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.future.done() and not waiter.future.cancelled() and waiter.future.exception() is None:
                 # Granted in the same instant the wait ended: give the slot back.
-                Ticket(self, lane, request_id, 0.0).release()
+                Ticket(self, lane, request_id, 0.0, new_tokens).release()
             else:
                 waiter.future.cancel()
                 with contextlib.suppress(ValueError):
@@ -298,7 +343,7 @@ class AdmissionController:
                     "the engine is busy, try again shortly"
                 ) from None
             raise
-        return Ticket(self, lane, request_id, time.perf_counter() - start)
+        return Ticket(self, lane, request_id, time.perf_counter() - start, new_tokens)
 
     def cancel(self, request_id: str) -> bool:
         """Fail a queued request with :class:`RequestAbortedError`; ``False`` if it is not queued."""
@@ -324,14 +369,16 @@ class AdmissionController:
                     waiter.future.set_exception(RequestAbortedError(reason))
         self._notify()
 
-    def _prefill_done(self, lane: Lane) -> None:
+    def _prefill_done(self, lane: Lane, new_tokens: int = 0) -> None:
         self._prefilling[lane] -= 1
+        self._prefill_tokens[lane] -= new_tokens
         self._pump()
 
-    def _release(self, lane: Lane, prefilling: bool) -> None:
+    def _release(self, lane: Lane, prefilling: bool, new_tokens: int = 0) -> None:
         self._in_flight[lane] -= 1
         if prefilling:
             self._prefilling[lane] -= 1
+            self._prefill_tokens[lane] -= new_tokens
         self._notify()
         self._pump()
 
@@ -366,15 +413,30 @@ class AdmittedEngine(Engine):
         """Times the watchdog found the engine hung."""
         self._streaming = 0
         self._progress_at = 0.0
+        self._last_prompt: dict[str, list[int]] = {}
+        """Each scenario's latest prompt ids (what the prefix cache most likely holds)."""
 
     async def start(self, warmup_messages: Sequence[ChatMessage] = ()) -> None:
         """Start the inner engine (with its warm-up)."""
         await self.inner.start(warmup_messages)
 
+    def _new_tokens(self, request: GenerationRequest) -> int:
+        """The prompt tokens the engine will have to prefill, estimated: those after the longest
+        prefix (in whole KV blocks) shared with the scenario's previous prompt, which the prefix
+        cache holds (the system prompt, and a thread's earlier turns). 0 without token ids."""
+        if not request.prompt_token_ids:
+            return 0
+        ids = list(request.prompt_token_ids)
+        previous = self._last_prompt.get(request.scenario)
+        self._last_prompt[request.scenario] = ids
+        if previous is None:
+            return len(ids)
+        return len(ids) - common_prefix(ids, previous) // PREFIX_BLOCK_TOKENS * PREFIX_BLOCK_TOKENS
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Admit by lane, then stream the inner engine's events (see the class doc)."""
         t0 = time.perf_counter()
-        ticket = await self.controller.acquire(request.lane, request.request_id)
+        ticket = await self.controller.acquire(request.lane, request.request_id, self._new_tokens(request))
         try:
             cap = self.controller.max_tokens_cap(request.lane)
             if cap is not None and request.sampling.max_tokens > cap:

@@ -199,9 +199,17 @@ class AdmissionConfig(ConfigSection):
     )
     """Most requests of each lane inside the engine at once. Keep background below
     ``engine.max_num_seqs`` so an urgent request always finds a free batch slot."""
-    max_prefilling: dict[Lane, int | None] = Field(default_factory=lambda: _lanes(normal=8, background=8))
-    """Most requests of each lane admitted but still before their first token (in prefill); small
-    values keep every engine step short, which bounds an urgent request's wait."""
+    max_prefilling: dict[Lane, int | None] = Field(default_factory=lambda: _lanes(background=8))
+    """Most requests of each lane admitted but still before their first token (in prefill)."""
+    max_prefill_tokens: dict[Lane, int | None] = Field(
+        default_factory=lambda: _lanes(normal=4096, background=4096)
+    )
+    """Most new prompt tokens (not in the prefix cache, as estimated) that each lane's requests
+    admitted but still before their first token bring: what an engine step costs, so small values
+    keep every step short, which bounds an urgent request's wait. A prompt larger than this still
+    goes in, alone. 4096 is half a step of ``engine.max_num_batched_tokens = 8192``: a burst of 64
+    mentions over the cached system prompt (~100 new tokens each) goes in at once; a burst of
+    2k-token contexts two at a time."""
     hold_background_while_urgent_prefills: bool = True
     """Admit no background request while an urgent one waits or has not had its first token."""
     background_max_in_flight_when_urgent: int | None = Field(None, ge=0)
@@ -223,7 +231,7 @@ class AdmissionConfig(ConfigSection):
     at their next step for at most this many seconds each (0: off, every answer's steps run in
     arrival order). Mentions and DMs never pause."""
 
-    @field_validator("max_in_flight", "max_prefilling")
+    @field_validator("max_in_flight", "max_prefilling", "max_prefill_tokens")
     @classmethod
     def _at_least_one(cls, values: dict[Lane, int | None]) -> dict[Lane, int | None]:
         for lane, limit in values.items():

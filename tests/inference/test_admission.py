@@ -31,6 +31,7 @@ def config(**kwargs: object) -> AdmissionConfig:
     base: dict[str, object] = {
         "max_in_flight": {},
         "max_prefilling": {},
+        "max_prefill_tokens": {},
         "hold_background_while_urgent_prefills": False,
         "queue_timeout_s": 30.0,
     }
@@ -91,6 +92,50 @@ async def test_background_prefills_are_paced_by_first_tokens() -> None:
     for ticket in (a, b, await c):
         ticket.release()
     assert ctl.prefilling["background"] == 0
+
+
+async def test_prefills_are_paced_by_their_new_tokens_and_a_large_prompt_goes_in_alone() -> None:
+    ctl = AdmissionController(config(max_prefill_tokens={N: 100}))
+    small = [await ctl.acquire(N, f"s{i}", 30) for i in range(3)]  # 90 new tokens: all at once
+    fourth = asyncio.create_task(ctl.acquire(N, "s3", 30))
+    await settle()
+    assert not fourth.done() and ctl.prefilling["normal"] == 3
+    small[0].first_token()  # 60 left in prefill: the fourth fits
+    await settle()
+    assert fourth.done()
+    for ticket in (*small, await fourth):
+        ticket.release()
+    big = await ctl.acquire(N, "big", 500)  # larger than the budget, nothing else in prefill
+    after = asyncio.create_task(ctl.acquire(N, "after", 1))
+    await settle()
+    assert not after.done()
+    big.release()  # ends before its first token (aborted): its tokens are given back too
+    await settle()
+    assert after.done()
+    (await after).release()
+    assert ctl.prefilling["normal"] == 0
+
+
+async def test_the_new_tokens_of_a_prompt_are_those_after_the_prefix_shared_with_the_last_one() -> None:
+    inner = ScriptedEngine()
+    engine = AdmittedEngine(inner, config(max_prefill_tokens={N: 60}))
+    system = list(range(1000, 1040))  # a 40-token system prompt: 32 of them in whole KV blocks
+    first = GenerationRequest("q1", "chat", N, SamplingSettings(), prompt_token_ids=system + [1] * 50)
+    second = GenerationRequest("q2", "chat", N, SamplingSettings(), prompt_token_ids=system + [2] * 20)
+    third = GenerationRequest("q3", "chat", N, SamplingSettings(), prompt_token_ids=system + [3] * 20)
+    tasks = [asyncio.create_task(collect(engine, r)) for r in (first, second)]
+    await settle()
+    # q1 (nothing known yet: all 90 new) goes in alone; q2 waits for q1's first token
+    assert "q1" in inner.gates and "q2" not in inner.gates
+    inner.gates["q1"].put_nowait("x")
+    await settle()
+    assert "q2" in inner.gates  # 60 - 32 = 28 new tokens
+    tasks.append(asyncio.create_task(collect(engine, third)))
+    await settle()
+    assert "q3" in inner.gates  # 28 + 28 within the budget of 60: both prefill together
+    for rid in ("q1", "q2", "q3"):
+        inner.gates[rid].put_nowait(None)
+    await asyncio.gather(*tasks)
 
 
 async def test_background_in_flight_is_capped_while_urgent_work_runs() -> None:

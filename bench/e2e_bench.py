@@ -192,6 +192,10 @@ class Workspace:
     def settings(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def new_user(self, channel: str, seq: int) -> str:
+        """A member of ``channel`` who asks question ``seq``; returns the user id."""
+        raise NotImplementedError
+
     async def connected(self) -> bool:
         raise NotImplementedError
 
@@ -249,6 +253,12 @@ class SlackWorkspace(Workspace):
 
     async def close(self) -> None:
         await self.fake.close()
+
+    def new_user(self, channel: str, seq: int) -> str:
+        """A workspace member who asks (``users.info`` knows them, as a real workspace does)."""
+        user = f"U{seq:08d}"
+        self.fake.add_user(user, f"asker{seq:05d}")
+        return user
 
     def settings(self) -> dict[str, Any]:
         f = self.fake
@@ -705,11 +715,11 @@ class Driver:
 
     def new(self, pattern: str, kind: str, channel: str, thread: str | None = None) -> Req:
         self.seq += 1
+        user = self.ws.new_user(channel, self.seq)
         if isinstance(self.ws, MattermostWorkspace):
-            user = self.ws.new_user(channel, self.seq)
             name = self.ws.fake.channels[channel]["name"]
         else:
-            user, name = f"U{self.seq:08d}", f"inc-{channel.lower()}"
+            name = f"inc-{channel.lower()}"
         return Req(self.seq, pattern, kind, channel, user, question(kind, self.seq, name), thread=thread)
 
     def mix(self, pattern: str, n: int) -> list[Req]:
@@ -842,6 +852,7 @@ def bot_settings(args: argparse.Namespace, ws: Workspace, workdir: Path, http_po
         admission = {
             "max_in_flight": {},
             "max_prefilling": {},
+            "max_prefill_tokens": {},
             "hold_background_while_urgent_prefills": False,
         }
     if args.urgent_first_wait_s is not None:
@@ -895,7 +906,9 @@ async def run_platform(
         await asyncio.sleep(args.idle_s)
         out["idle_cpu_fraction"] = round((bot.cpu_s() - c0) / (time.monotonic() - w0), 4)
         if args.profile and bot.proc is not None:
-            bot.proc.send_signal(signal.SIGUSR1)  # the profile starts now
+            for pid in bot.bot_pids():  # the profile starts now, in the host and in every worker
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR1)
         steps: list[tuple[str, Callable[[], Awaitable[list[Req]]]]] = []
         for pattern in args.patterns:
             if pattern.startswith("burst"):

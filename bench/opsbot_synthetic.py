@@ -224,7 +224,8 @@ def _recorded(
 
 PROFILE_ENV = "OPSBOT_BENCH_PROFILE"
 """File a cProfile of the event loop thread is written to at exit, counted from the first SIGUSR1
-(the bench sends it once opsbot is up, so start-up is left out); unset: no profiling."""
+(the bench sends it once opsbot is up, so start-up is left out); unset: no profiling. A bot worker
+(``workers`` > 1) writes ``FILE.worker-I``."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile_to = os.environ.get(PROFILE_ENV)
     if not profile_to:
         return opsbot_main(argv)
+    from bot.workers import WORKER_ENV
+
+    if os.environ.get(WORKER_ENV):  # "I/N": one file per process
+        profile_to += ".worker-" + os.environ[WORKER_ENV].split("/")[0]
     import cProfile
     import signal
 

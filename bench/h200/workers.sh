@@ -41,5 +41,6 @@ for s in ${STEPS:-1 2}; do
   fi
   prev=$s
 done
-for f in "$OUT"/*.json; do gzip -f "$f"; done  # at most 8 files come back: json.gz, md, log.gz
+for f in "$OUT"/*.json; do gzip -f "$f"; done  # at most 8 files come back: json.gz and md per run,
+tar -C "$OUT" -cf "$OUT/e2e-logs.tar" $(cd "$OUT" && ls *.log.gz) && rm -f "$OUT"/*.log.gz  # one tar of logs
 exit "$status"

@@ -524,7 +524,9 @@ class _NativeRendering(ReplyStream):
         still growing may yet be redacted), within the message limit."""
         if self._latest is None:
             return ""
-        shown = _defang(self._latest)
+        # Leading whitespace shows nothing, and engines differ on whether the final text keeps it:
+        # streamed and final text both start at the first visible character, so they still match.
+        shown = _defang(self._latest).lstrip()
         if not shown.startswith(self._sent):
             return ""  # rewritten (redaction): the final message repairs it
         cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
@@ -606,7 +608,7 @@ class _NativeRendering(ReplyStream):
             self._last_append = time.monotonic()
             if self._in_flight.exception() is not None:
                 self._broken = str(self._in_flight.exception())
-        chunks = split_text(_defang(answer.text) or "_(empty answer)_", self.limit)
+        chunks = split_text(_defang(answer.text).lstrip() or "_(empty answer)_", self.limit)
         single = len(chunks) == 1
         tag = self._adapter.post_tag(answer.request_id)
         first = chunks[0]

@@ -214,7 +214,7 @@ class Pipeline:
             message.event_id,
             request_id=message.request_id,
             channel=message.channel,
-            thread_id=message.thread_id or message.message_id,
+            thread_id=_claimed_thread(message),
             user=message.user,
             scenario=scenario,
             lane=lane.value,
@@ -403,6 +403,11 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
+            if reply.thread_id != _claimed_thread(message):  # a /rca starts its own thread: say so
+                claim = self.store.claim_thread(
+                    message.platform, message.event_id, message.channel, reply.thread_id
+                )
+                self.track(claim, f"claim-thread-{request_id}")
             if early is not None:
                 prepared = await early
             else:  # asked in a thread: read back without the placeholder just posted there
@@ -814,6 +819,11 @@ def _engine_failure(exc: EngineGenerateError | EngineDeadError, record: RequestR
         error = FAILED_TEXT.format(detail=exc)
     record.error = record.error or error
     return error
+
+
+def _claimed_thread(message: IncomingMessage) -> str | None:
+    """The thread an event's claim names: where its answer goes unless the reply starts a new one."""
+    return message.thread_id or message.message_id
 
 
 def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:

@@ -137,7 +137,10 @@ class ProcessedEventRow(Base):
     """
 
     __tablename__ = "opsbot_processed_events"
-    __table_args__ = (Index("ix_opsbot_processed_events_state_lease", "state", "lease_until"),)
+    __table_args__ = (
+        Index("ix_opsbot_processed_events_state_lease", "state", "lease_until"),
+        Index("ix_opsbot_processed_events_thread", "platform", "channel", "thread_id"),
+    )
 
     platform: Mapped[str] = mapped_column(String(32), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(255), primary_key=True)

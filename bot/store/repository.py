@@ -93,6 +93,8 @@ class Store:
         self._where = mask_url(engine.url.render_as_string(hide_password=False))
         self._buffer = WriteBuffer(settings, self._write_batch, self._probe)
         self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._answering_threads: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        """Threads this process has taken a question in (recent ones), for :meth:`is_bot_thread`."""
         self._claims_waiting: list[tuple[dict[str, Any], asyncio.Future[bool]]] = []
         """Claims for the next claim statement (:meth:`_claim`), with their callers' futures."""
         self._claim_writer: asyncio.Future[None] | None = None
@@ -209,6 +211,8 @@ class Store:
         the claim is queued, unleased, so other replicas see it once the database is back.
         """
         key = (platform, event_id)
+        if lease is not None and lease.request_id and lease.channel and lease.thread_id:
+            self._note_thread(platform, lease.channel, lease.thread_id)
         if self._buffer.up:
             try:
                 values: dict[str, Any] = dict.fromkeys(_CLAIM_COLUMNS)
@@ -235,6 +239,28 @@ class Store:
         self._remember(key)
         self._buffer.put(PendingClaim(platform, event_id))
         return True
+
+    def _note_thread(self, platform: str, channel: str, thread_id: str) -> None:
+        self._answering_threads[(platform, channel, thread_id)] = None
+        self._answering_threads.move_to_end((platform, channel, thread_id))
+        while len(self._answering_threads) > _LOCAL_CLAIMS:
+            self._answering_threads.popitem(last=False)
+
+    async def claim_thread(self, platform: str, event_id: str, channel: str, thread_id: str) -> None:
+        """The answer to the claimed event ``(platform, event_id)`` lives in ``thread_id`` (a
+        ``/rca`` starts its own thread): follow-ups there count as opsbot's thread on every replica
+        from now on (:meth:`is_bot_thread`). Never raises; a failed write leaves the thread to be
+        recognised by its stored turns once the answer's rows are written."""
+        self._note_thread(platform, channel, thread_id)
+        stmt = (
+            update(_EVENTS)
+            .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id == event_id)
+            .values(channel=channel, thread_id=thread_id)
+        )
+        try:
+            await self._call(self._execute(stmt))
+        except Exception as error:
+            logger.warning("thread of claim %s:%s not stored: %s", platform, event_id, describe_cause(error))
 
     async def _claim(self, values: dict[str, Any]) -> bool:
         """Whether the claim row ``values`` was inserted. Claims that arrive together (a burst of
@@ -551,7 +577,12 @@ class Store:
         return merged[-limit:] if limit > 0 else []
 
     async def is_bot_thread(self, platform: str, channel: str, thread_id: str) -> bool:
-        """True when opsbot has answered in this thread (an ``assistant`` turn is stored or buffered)."""
+        """True when opsbot has taken a question in this thread (on any replica or bot worker: its
+        claim names the thread from the start) or answered in it (an ``assistant`` turn is stored
+        or buffered). The turns alone came too late: a follow-up that reached another worker
+        before the first answer's rows were written was ignored."""
+        if (platform, channel, thread_id) in self._answering_threads:
+            return True
         for row in self._buffer.pending():
             if (
                 isinstance(row, PendingMessage)
@@ -567,19 +598,28 @@ class Store:
                 thread_id,
             )
             return False
-        try:
-            found = await self._call(
-                self._first(
-                    select(_MESSAGES.c.id)
-                    .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
-                    .where(self._thread_is(platform, channel, thread_id), _MESSAGES.c.role == "assistant")
-                    .limit(1)
-                )
+        claimed = (
+            select(_EVENTS.c.event_id)
+            .where(
+                _EVENTS.c.platform == platform,
+                _EVENTS.c.channel == channel,
+                _EVENTS.c.thread_id == thread_id,
+                _EVENTS.c.request_id.is_not(None),
             )
+            .limit(1)
+        )
+        answered = (
+            select(_MESSAGES.c.id)
+            .join(_THREADS, _THREADS.c.id == _MESSAGES.c.thread_pk)
+            .where(self._thread_is(platform, channel, thread_id), _MESSAGES.c.role == "assistant")
+            .limit(1)
+        )
+        try:
+            hit = await self._call(self._first(select(or_(claimed.exists(), answered.exists()))))
         except Exception as error:
             self._read_failed("is_bot_thread", error)
             return False
-        return found is not None
+        return bool(hit is not None and hit[0])
 
     async def get_alert_thread(self, group_key: str) -> AlertThread | None:
         """The thread saved for an alert group (a buffered save wins: it is the newest)."""

@@ -84,6 +84,31 @@ async def test_a_burst_of_claims_shares_statements_and_each_event_is_won_once(
     assert plain == "done"
 
 
+async def test_a_thread_is_the_bots_on_every_replica_from_the_moment_a_question_there_is_claimed(
+    db_url: str, store_settings: StoreSettings, store: Store
+) -> None:
+    """Another bot worker (or replica) gets the follow-up before this one has written a single
+    thread turn: the claim already says whose thread it is."""
+    other = await Store.open(db_url, store_settings)
+    try:
+        assert await other.is_bot_thread("slack", "C1", "1700.1") is False
+        lease = Claim("slack", "Ev-top", request_id="r-top", channel="C1", thread_id="1700.1", user="U1")
+        assert await store.claim_event("slack", "Ev-top", lease)
+        assert await store.is_bot_thread("slack", "C1", "1700.1") is True  # in-process, no query
+        assert await other.is_bot_thread("slack", "C1", "1700.1") is True  # from the claim row
+        # A /rca starts its own thread: the claim is pointed at it once the reply is posted.
+        rca = Claim("slack", "Ev-rca", request_id="r-rca", channel="C2", thread_id=None, user="U1")
+        assert await store.claim_event("slack", "Ev-rca", rca)
+        assert await other.is_bot_thread("slack", "C2", "1800.5") is False
+        await store.claim_thread("slack", "Ev-rca", "C2", "1800.5")
+        assert await other.is_bot_thread("slack", "C2", "1800.5") is True
+        # A plain de-duplication key (no question taken) makes no thread the bot's.
+        assert await store.claim_event("slack", "Ev-plain")
+        assert await other.is_bot_thread("slack", "C1", "Ev-plain") is False
+    finally:
+        await other.close()
+
+
 async def test_a_claim_is_still_refused_after_a_restart(
     db_url: str, store_settings: StoreSettings, store: Store
 ) -> None:

@@ -8,7 +8,8 @@
 #   STEPS="1 2" bench/h200/workers.sh   -> $OUT/e2e-workers1.{json,md,png}, $OUT/e2e-raw.{json,md}
 #   STEPS="4" bench/h200/workers.sh     -> $OUT/e2e-workers4.{json,md,png}   (any N: STEPS="8")
 # usage: STEPS="1 2 4 ..." bench/h200/workers.sh [extra e2e_bench.py args]
-#   a number is a bot run with that many workers; 2 after 1 is the raw replay of the 1-worker run
+#   a number is a bot run with that many workers; "raw" (or 2 right after 1) is raw AsyncLLM fed
+#   the prompt ids of the bot run just before it (STEPS="4 raw": the 4-worker run and its baseline)
 set -uo pipefail
 source bench/h200/env.sh || exit $?
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -34,8 +35,8 @@ run() {  # run LIMIT_S NAME ARGS...
 status=0
 prev=
 for s in ${STEPS:-1 2}; do
-  if [ "$s" = 2 ] && [ "$prev" = 1 ]; then
-    run 150 e2e-raw --raw-replay "$OUT/e2e-workers1.json" || status=1
+  if [ "$s" = raw ] || { [ "$s" = 2 ] && [ "$prev" = 1 ]; }; then
+    run 150 e2e-raw --raw-replay "$OUT/e2e-workers$prev.json" || status=1
   else
     run 480 "e2e-workers$s" "${common[@]}" --workers "$s" "$@" || status=1
   fi

@@ -111,13 +111,14 @@ NATIVE_TEXT_LIMIT = 12_000
 """Characters of markdown in one natively streamed message (``markdown_text``'s limit)."""
 UNKNOWN_USER_TTL_S = 3600.0
 """Seconds a user that ``users.info`` does not know stays unknown before it is looked up again."""
-FIRST_PIECE_CHARS = 8
+FIRST_PIECE_CHARS = 4
 """Text is streamed up to its last whole word (a word still growing may yet turn out to be a secret
-and be redacted), except the answer's very first piece: up to this many characters of a first word
-go out at once. The engine sends the first token alone and the next ones a few tokens later
-(vLLM's ``stream_interval``), so waiting for the first whole word cost that many decode steps
-(~80 ms under load on the H200) before anything was visible; a word that does turn out to be a
-secret has shown at most this much of its start, and the final message replaces it."""
+and be redacted), except the answer's very first piece: until a first word is whole, up to this
+many of its characters go out at once. The engine sends the first token alone and the next ones a
+few tokens later (vLLM's ``stream_interval``), so waiting for the first whole word cost one or two
+such intervals (90-180 ms under load on the H200) before anything was visible. Four characters
+of a word that does turn out to be a secret are at most its public type prefix (``ghp_``,
+``AKIA``, ``xoxb``, ``sk-p``, ``eyJh``), and the final message replaces it."""
 SOURCES_WAIT_S = 0.5
 """Seconds the sources' task update waits for the answer's first words to share its
 ``chat.appendStream`` (one call instead of two per answer, and no round trip ahead of the first
@@ -531,8 +532,8 @@ class _NativeRendering(ReplyStream):
             return ""  # rewritten (redaction): the final message repairs it
         cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
         stable = shown[: min(cut, self.limit)]
-        if not self._sent and not stable.strip() and len(shown.strip()) <= FIRST_PIECE_CHARS:
-            stable = shown  # the first token, at once (see FIRST_PIECE_CHARS)
+        if not self._sent and not stable.strip():
+            stable = shown[:FIRST_PIECE_CHARS]  # the first characters at once (see FIRST_PIECE_CHARS)
         delta = stable[len(self._sent) :]
         # Whitespace alone shows nothing yet and would spend the edit interval: wait for a word.
         return delta if delta.strip() else ""

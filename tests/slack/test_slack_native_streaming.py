@@ -88,16 +88,18 @@ async def test_the_sources_go_alone_when_the_first_words_are_late_and_the_first_
     await reply.update("Root cause: the pas")
     await asyncio.sleep(0.4)
     assert msg.text == "Root cause: the "  # "pas" may still grow into a secret
-    # A first token longer than FIRST_PIECE_CHARS waits for its word, like every later one.
+    # A first word longer than FIRST_PIECE_CHARS shows that much of it at once, the rest once whole.
     other = await bot.adapter.open_reply(_question(slack, "C2"))
-    await other.update("x" * (FIRST_PIECE_CHARS + 1))
-    await asyncio.sleep(0.3)
+    await other.update("   " + "x" * (FIRST_PIECE_CHARS + 4))
     (second,) = slack.bot_messages("C2")
-    assert second.text == ""
+    await slack.wait_for(lambda: second.text == "x" * FIRST_PIECE_CHARS)
+    await other.update("x" * (FIRST_PIECE_CHARS + 6))
+    await asyncio.sleep(0.3)
+    assert second.text == "x" * FIRST_PIECE_CHARS  # the word still grows: nothing more of it
     await reply.finish(FinalAnswer(request_id="req-late", text="Root cause: the password is [REDACTED]"))
-    await other.finish(FinalAnswer(request_id="req-long", text="x" * (FIRST_PIECE_CHARS + 1)))
+    await other.finish(FinalAnswer(request_id="req-long", text="x" * (FIRST_PIECE_CHARS + 6)))
     assert msg.text == "Root cause: the password is [REDACTED]" and not msg.streaming
-    assert second.text == "x" * (FIRST_PIECE_CHARS + 1)
+    assert second.text == "x" * (FIRST_PIECE_CHARS + 6)
 
 
 async def test_text_rewritten_after_it_was_streamed_is_repaired_with_one_update(

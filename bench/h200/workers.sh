@@ -5,7 +5,7 @@
 # over 16 channels and two incident episodes (56 long follow-ups, then 8 urgent /rca), every
 # episode kept. Each step restarts the bot (a fresh engine): a bare machine's first vLLM start took
 # 256 s, later ones about a minute, so run it as two calls:
-#   STEPS="1 2" bench/h200/workers.sh   -> $OUT/e2e-workers1.{json,md,png}, $OUT/e2e-raw.{json,md}
+#   STEPS="1 2" bench/h200/workers.sh   -> $OUT/e2e-workers1.{json,md}, $OUT/e2e-raw-workers1.{json,md}
 #   STEPS="4" bench/h200/workers.sh     -> $OUT/e2e-workers4.{json,md,png}   (any N: STEPS="8")
 # usage: STEPS="1 2 4 ..." bench/h200/workers.sh [extra e2e_bench.py args]
 #   a number is a bot run with that many workers; "raw" (or 2 right after 1) is raw AsyncLLM fed
@@ -36,7 +36,7 @@ status=0
 prev=
 for s in ${STEPS:-1 2}; do
   if [ "$s" = raw ] || { [ "$s" = 2 ] && [ "$prev" = 1 ]; }; then
-    run 150 e2e-raw --raw-replay "$OUT/e2e-workers$prev.json" || status=1
+    run 150 "e2e-raw-workers$prev" --raw-replay "$OUT/e2e-workers$prev.json" || status=1
   else
     run 480 "e2e-workers$s" "${common[@]}" --workers "$s" "$@" || status=1
   fi

@@ -211,8 +211,6 @@ class Store:
         the claim is queued, unleased, so other replicas see it once the database is back.
         """
         key = (platform, event_id)
-        if lease is not None and lease.request_id and lease.channel and lease.thread_id:
-            self._note_thread(platform, lease.channel, lease.thread_id)
         if self._buffer.up:
             try:
                 values: dict[str, Any] = dict.fromkeys(_CLAIM_COLUMNS)
@@ -240,18 +238,21 @@ class Store:
         self._buffer.put(PendingClaim(platform, event_id))
         return True
 
-    def _note_thread(self, platform: str, channel: str, thread_id: str) -> None:
+    def note_thread(self, platform: str, channel: str, thread_id: str) -> None:
+        """This process is answering in ``thread_id`` (its reply is posted): :meth:`is_bot_thread`
+        knows at once, without a query."""
         self._answering_threads[(platform, channel, thread_id)] = None
         self._answering_threads.move_to_end((platform, channel, thread_id))
         while len(self._answering_threads) > _LOCAL_CLAIMS:
             self._answering_threads.popitem(last=False)
 
     async def claim_thread(self, platform: str, event_id: str, channel: str, thread_id: str) -> None:
-        """The answer to the claimed event ``(platform, event_id)`` lives in ``thread_id`` (a
-        ``/rca`` starts its own thread): follow-ups there count as opsbot's thread on every replica
-        from now on (:meth:`is_bot_thread`). Never raises; a failed write leaves the thread to be
-        recognised by its stored turns once the answer's rows are written."""
-        self._note_thread(platform, channel, thread_id)
+        """The answer to the claimed event ``(platform, event_id)`` lives in ``thread_id``, not in
+        the thread its claim names (a ``/rca`` starts its own): point the claim there, so that
+        follow-ups count as opsbot's thread on every replica from now on (:meth:`is_bot_thread`).
+        Never raises; a failed write leaves the thread to be recognised by its stored turns once
+        the answer's rows are written."""
+        self.note_thread(platform, channel, thread_id)
         stmt = (
             update(_EVENTS)
             .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id == event_id)
@@ -321,13 +322,15 @@ class Store:
         except Exception as error:
             raise unreachable(self._engine.url, error) from None
 
-    async def release_claim(self, platform: str, event_id: str) -> None:
+    async def release_claim(self, platform: str, event_id: str, *, answered: bool = True) -> None:
         """End this process's lease on an event (answered, or noted as stopped); never waits.
+        ``answered=False`` (refused, a command answered with a notice, nothing posted in a thread):
+        the claim no longer makes its thread opsbot's (:meth:`is_bot_thread`).
 
         Queued with the request row, so both land in one transaction: a replica killed before that
         write leaves an expired lease and no row, and another replica writes both.
         """
-        self._buffer.put(PendingRelease(platform, event_id, self.owner))
+        self._buffer.put(PendingRelease(platform, event_id, self.owner, answered))
 
     @staticmethod
     def _release(release: PendingRelease) -> Any:
@@ -339,7 +342,7 @@ class Store:
                 _EVENTS.c.owner == release.owner,
                 _EVENTS.c.state == "answering",
             )
-            .values(state="done", lease_until=None)
+            .values(state="done", lease_until=None, **({} if release.answered else {"thread_id": None}))
         )
 
     async def expired_claims(self, limit: int = 100) -> list[Claim]:
@@ -577,10 +580,11 @@ class Store:
         return merged[-limit:] if limit > 0 else []
 
     async def is_bot_thread(self, platform: str, channel: str, thread_id: str) -> bool:
-        """True when opsbot has taken a question in this thread (on any replica or bot worker: its
-        claim names the thread from the start) or answered in it (an ``assistant`` turn is stored
-        or buffered). The turns alone came too late: a follow-up that reached another worker
-        before the first answer's rows were written was ignored."""
+        """True when opsbot is answering or has answered in this thread, on any replica or bot
+        worker: a claim names the thread from the moment the question is taken (until it is
+        released unanswered), or an ``assistant`` turn is stored or buffered. The turns alone came
+        too late: a follow-up that reached another worker before the first answer's rows were
+        written was ignored."""
         if (platform, channel, thread_id) in self._answering_threads:
             return True
         for row in self._buffer.pending():

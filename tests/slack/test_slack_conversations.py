@@ -161,6 +161,27 @@ async def test_refusals_outside_the_allow_lists_are_ephemeral_and_say_why(
     assert slack.bot_messages() == []
 
 
+async def test_a_reply_in_the_thread_of_a_refused_question_is_not_answered(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    """The refused question's claim named its thread; released unanswered, it no longer makes
+    that thread the bot's, so a reply there without a mention stays between people."""
+    bot = await make_bot(allowed_users=["U1"])
+    asked = slack.user_message("C1", "U9", f"<@{slack.bot_user_id}> restart the db?")
+    await slack.deliver_event(slack.mention_events(asked)[0])
+    await slack.wait_for(lambda: len(slack.ephemerals) == 1)
+    await settled(bot)
+    assert bot.store is not None
+    await request_rows(bot.store)  # the release is written
+    await slack.deliver_event(slack.user_message("C1", "U1", "no, wait for the DBA", thread_ts=asked["ts"]))
+    # A question asked after the reply is answered once the reply has been looked at and left.
+    control = slack.user_message("C2", "U1", f"<@{slack.bot_user_id}> is redis healthy?")
+    await slack.deliver_event(slack.mention_events(control)[0])
+    await slack.wait_for(lambda: len(answers(slack, "C2")) == 1)
+    await settled(bot)
+    assert answers(slack, "C1") == [] and len(slack.ephemerals) == 1
+
+
 async def test_a_wrong_app_token_fails_start_with_slacks_error(slack: FakeSlack) -> None:
     from fakes.slack_harness import slack_settings
 

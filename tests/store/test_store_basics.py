@@ -85,23 +85,32 @@ async def test_a_burst_of_claims_shares_statements_and_each_event_is_won_once(
 
 
 async def test_a_thread_is_the_bots_on_every_replica_from_the_moment_a_question_there_is_claimed(
-    db_url: str, store_settings: StoreSettings, store: Store
+    db_url: str, store_settings: StoreSettings, store: Store, drained: Any
 ) -> None:
     """Another bot worker (or replica) gets the follow-up before this one has written a single
-    thread turn: the claim already says whose thread it is."""
+    thread turn: the claim already says whose thread it is, until it is released unanswered."""
     other = await Store.open(db_url, store_settings)
     try:
         assert await other.is_bot_thread("slack", "C1", "1700.1") is False
         lease = Claim("slack", "Ev-top", request_id="r-top", channel="C1", thread_id="1700.1", user="U1")
         assert await store.claim_event("slack", "Ev-top", lease)
-        assert await store.is_bot_thread("slack", "C1", "1700.1") is True  # in-process, no query
         assert await other.is_bot_thread("slack", "C1", "1700.1") is True  # from the claim row
+        store.note_thread("slack", "C1", "1700.1")  # the reply is posted
+        assert await store.is_bot_thread("slack", "C1", "1700.1") is True
+        await store.release_claim("slack", "Ev-top")
         # A /rca starts its own thread: the claim is pointed at it once the reply is posted.
         rca = Claim("slack", "Ev-rca", request_id="r-rca", channel="C2", thread_id=None, user="U1")
         assert await store.claim_event("slack", "Ev-rca", rca)
         assert await other.is_bot_thread("slack", "C2", "1800.5") is False
         await store.claim_thread("slack", "Ev-rca", "C2", "1800.5")
         assert await other.is_bot_thread("slack", "C2", "1800.5") is True
+        # A refused question (nothing posted in its thread) leaves the thread nobody's.
+        refused = Claim("slack", "Ev-no", request_id="r-no", channel="C3", thread_id="1900.2", user="U9")
+        assert await store.claim_event("slack", "Ev-no", refused)
+        await store.release_claim("slack", "Ev-no", answered=False)
+        await drained(store)
+        assert await other.is_bot_thread("slack", "C3", "1900.2") is False
+        assert await other.is_bot_thread("slack", "C1", "1700.1") is True  # answered: still the bot's
         # A plain de-duplication key (no question taken) makes no thread the bot's.
         assert await store.claim_event("slack", "Ev-plain")
         assert await other.is_bot_thread("slack", "C1", "Ev-plain") is False

@@ -1400,7 +1400,10 @@ class SlackAdapter(ChatAdapter):
             except SlackCallError as exc:
                 logger.info("slack users.info %s: %s", user, exc)
                 if isinstance(exc, SlackRejected):  # an answer about the user, not a failed call
-                    self._unknown_users[user] = time.monotonic() + UNKNOWN_USER_TTL_S
+                    now = time.monotonic()
+                    if len(self._unknown_users) >= 10_000:  # forget the expired ones first
+                        self._unknown_users = {u: t for u, t in self._unknown_users.items() if t > now}
+                    self._unknown_users[user] = now + UNKNOWN_USER_TTL_S
                 return
             info = data.get("user") or {}
             profile = info.get("profile") or {}

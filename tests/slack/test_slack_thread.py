@@ -70,6 +70,13 @@ async def test_a_follow_up_reads_the_thread_page_by_page_and_sees_what_dana_wrot
         "U0BOB",
         "U0DANA",
     ]
+    # The next question in the thread asks Slack about nobody again: names are remembered, and so
+    # is that U0BOB is unknown (user_not_found).
+    again = slack.user_message("C1", "U0BOB", f"<@{slack.bot_user_id}> and now?", thread_ts=parent["ts"])
+    await slack.deliver_event(slack.mention_events(again)[0])
+    await slack.wait_for(lambda: len(answers(slack, "C1")) == 2)
+    await settled(bot)
+    assert len([c for c in slack.calls if c.method == "users.info"]) == 3
 
 
 async def test_rca_summary_with_a_link_to_the_thread_posts_a_catch_up_in_that_thread(

@@ -223,7 +223,6 @@ class Pipeline:
             metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
             logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
             return
-        outcome = _Outcome()
         try:
             if await self._refused(message, adapter):
                 return
@@ -233,12 +232,11 @@ class Pipeline:
                 # "@opsbot status": answered in the thread, where whoever asked is looking
                 await adapter.send_notice(message, await self.status_text())
                 return
-            await self._answer(message, adapter, hold, outcome)
+            await self._answer(message, adapter, hold)
         except Exception:  # last line of defence: log it, the adapter's loop must go on
             logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
         finally:
-            # Refused, or a notice only: the claim stops making its thread opsbot's (is_bot_thread).
-            await self.store.release_claim(message.platform, message.event_id, answered=outcome.replied)
+            await self.store.release_claim(message.platform, message.event_id)
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
         """Apply the platform's access policy; a refused asker gets one ephemeral note (none for a
@@ -344,11 +342,7 @@ class Pipeline:
 
     # -- answering ---------------------------------------------------------------------------
     async def _answer(
-        self,
-        message: IncomingMessage,
-        adapter: ChatAdapter,
-        hold: UrgentHold | None = None,
-        outcome: _Outcome | None = None,
+        self, message: IncomingMessage, adapter: ChatAdapter, hold: UrgentHold | None = None
     ) -> None:
         request_id = message.request_id
         scenario = pick_scenario(message)
@@ -409,16 +403,11 @@ class Pipeline:
                     )
                 return
             record.thread_id = reply.thread_id
-            if outcome is not None:
-                outcome.replied = True
-            # Follow-ups in the reply's thread are opsbot's from now on, on every worker.
-            if reply.thread_id != _claimed_thread(message):  # a /rca starts its own thread
-                claim = self.store.claim_thread(
-                    message.platform, message.event_id, message.channel, reply.thread_id
-                )
-                self.track(claim, f"claim-thread-{request_id}")
-            else:
-                self.store.note_thread(message.platform, message.channel, reply.thread_id)
+            # From now on messages in the reply's thread are follow-ups, on every worker.
+            moved = reply.thread_id != _claimed_thread(message)  # a /rca starts its own thread
+            self.store.mark_replied(
+                message.platform, message.event_id, message.channel, reply.thread_id, moved=moved
+            )
             if early is not None:
                 prepared = await early
             else:  # asked in a thread: read back without the placeholder just posted there
@@ -841,13 +830,6 @@ def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:
     """``message`` pointed at the thread its answer lives in (for a note after the answer began)."""
     message.thread_id = reply.thread_id
     return message
-
-
-@dataclass
-class _Outcome:
-    """What :meth:`Pipeline._handle` learns from the answer: whether a reply was posted."""
-
-    replied: bool = False
 
 
 @dataclass

@@ -78,8 +78,6 @@ class PendingRelease:
     platform: str
     event_id: str
     owner: str
-    answered: bool = True
-    """False: no answer was posted (refused, a command's notice): the claim stops naming a thread."""
 
 
 PendingRow = RequestRecord | PendingMessage | AlertThread | PendingFeedback | PendingClaim | PendingRelease

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -155,6 +157,9 @@ class ProcessedEventRow(Base):
     user: Mapped[str | None] = mapped_column(String(255))
     scenario: Mapped[str | None] = mapped_column(String(64))
     lane: Mapped[str | None] = mapped_column(String(32))
+    replied: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The answer's reply is posted in ``thread_id``: from then on, on every replica and bot
+    worker, messages in that thread are follow-ups for opsbot (``Store.is_bot_thread``)."""
 
 
 class AlertThreadRow(Base):

@@ -95,6 +95,9 @@ class Store:
         self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._answering_threads: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         """Threads this process has taken a question in (recent ones), for :meth:`is_bot_thread`."""
+        self._replies_waiting: list[tuple[str, str, str, str, bool]] = []
+        """Claims to mark as replied (:meth:`mark_replied`): platform, event, channel, thread, moved."""
+        self._reply_writer: asyncio.Future[None] | None = None
         self._claims_waiting: list[tuple[dict[str, Any], asyncio.Future[bool]]] = []
         """Claims for the next claim statement (:meth:`_claim`), with their callers' futures."""
         self._claim_writer: asyncio.Future[None] | None = None
@@ -214,7 +217,9 @@ class Store:
         if self._buffer.up:
             try:
                 values: dict[str, Any] = dict.fromkeys(_CLAIM_COLUMNS)
-                values.update(platform=platform, event_id=event_id, created_at=utcnow(), state="done")
+                values.update(
+                    platform=platform, event_id=event_id, created_at=utcnow(), state="done", replied=False
+                )
                 if lease is not None:
                     values.update(
                         state="answering",
@@ -238,30 +243,57 @@ class Store:
         self._buffer.put(PendingClaim(platform, event_id))
         return True
 
-    def note_thread(self, platform: str, channel: str, thread_id: str) -> None:
-        """This process is answering in ``thread_id`` (its reply is posted): :meth:`is_bot_thread`
-        knows at once, without a query."""
-        self._answering_threads[(platform, channel, thread_id)] = None
-        self._answering_threads.move_to_end((platform, channel, thread_id))
+    def mark_replied(
+        self, platform: str, event_id: str, channel: str, thread_id: str, *, moved: bool
+    ) -> None:
+        """The answer to the claimed event ``(platform, event_id)`` has posted its reply in
+        ``thread_id`` (``moved``: a thread other than the one the claim names, as a ``/rca``
+        starts its own): from now on messages there are follow-ups for opsbot, in this process at
+        once and on every replica and bot worker once the claim row says so (:meth:`is_bot_thread`).
+
+        Never waits: replies posted together (a burst) are marked in one transaction in the
+        background, as claims are. A failed write leaves the thread to be recognised by its stored
+        turns once the answer's rows are written."""
+        key = (platform, channel, thread_id)
+        self._answering_threads[key] = None
+        self._answering_threads.move_to_end(key)
         while len(self._answering_threads) > _LOCAL_CLAIMS:
             self._answering_threads.popitem(last=False)
+        if not self._buffer.up:
+            return
+        self._replies_waiting.append((platform, event_id, channel, thread_id, moved))
+        if self._reply_writer is None or self._reply_writer.done():
+            self._reply_writer = asyncio.ensure_future(self._write_replies())
 
-    async def claim_thread(self, platform: str, event_id: str, channel: str, thread_id: str) -> None:
-        """The answer to the claimed event ``(platform, event_id)`` lives in ``thread_id``, not in
-        the thread its claim names (a ``/rca`` starts its own): point the claim there, so that
-        follow-ups count as opsbot's thread on every replica from now on (:meth:`is_bot_thread`).
-        Never raises; a failed write leaves the thread to be recognised by its stored turns once
-        the answer's rows are written."""
-        self.note_thread(platform, channel, thread_id)
-        stmt = (
-            update(_EVENTS)
-            .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id == event_id)
-            .values(channel=channel, thread_id=thread_id)
-        )
-        try:
-            await self._call(self._execute(stmt))
-        except Exception as error:
-            logger.warning("thread of claim %s:%s not stored: %s", platform, event_id, describe_cause(error))
+    async def _write_replies(self) -> None:
+        while self._replies_waiting:
+            await asyncio.sleep(0)  # the rest of this loop turn's replies join the transaction
+            batch = self._replies_waiting[:_CLAIMS_PER_STATEMENT]
+            del self._replies_waiting[: len(batch)]
+            try:
+                await self._call(self._mark_replied(batch))
+            except Exception as error:
+                logger.warning("%d claim(s) not marked as replied: %s", len(batch), describe_cause(error))
+
+    async def _mark_replied(self, batch: list[tuple[str, str, str, str, bool]]) -> None:
+        in_place: dict[str, list[str]] = {}
+        for platform, event_id, _, _, moved in batch:
+            if not moved:
+                in_place.setdefault(platform, []).append(event_id)
+        async with self._timeout(), self._engine.begin() as conn:
+            for platform, event_ids in in_place.items():
+                await conn.execute(
+                    update(_EVENTS)
+                    .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id.in_(event_ids))
+                    .values(replied=True)
+                )
+            for platform, event_id, channel, thread_id, moved in batch:
+                if moved:
+                    await conn.execute(
+                        update(_EVENTS)
+                        .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id == event_id)
+                        .values(replied=True, channel=channel, thread_id=thread_id)
+                    )
 
     async def _claim(self, values: dict[str, Any]) -> bool:
         """Whether the claim row ``values`` was inserted. Claims that arrive together (a burst of
@@ -322,15 +354,13 @@ class Store:
         except Exception as error:
             raise unreachable(self._engine.url, error) from None
 
-    async def release_claim(self, platform: str, event_id: str, *, answered: bool = True) -> None:
+    async def release_claim(self, platform: str, event_id: str) -> None:
         """End this process's lease on an event (answered, or noted as stopped); never waits.
-        ``answered=False`` (refused, a command answered with a notice, nothing posted in a thread):
-        the claim no longer makes its thread opsbot's (:meth:`is_bot_thread`).
 
         Queued with the request row, so both land in one transaction: a replica killed before that
         write leaves an expired lease and no row, and another replica writes both.
         """
-        self._buffer.put(PendingRelease(platform, event_id, self.owner, answered))
+        self._buffer.put(PendingRelease(platform, event_id, self.owner))
 
     @staticmethod
     def _release(release: PendingRelease) -> Any:
@@ -342,7 +372,7 @@ class Store:
                 _EVENTS.c.owner == release.owner,
                 _EVENTS.c.state == "answering",
             )
-            .values(state="done", lease_until=None, **({} if release.answered else {"thread_id": None}))
+            .values(state="done", lease_until=None)
         )
 
     async def expired_claims(self, limit: int = 100) -> list[Claim]:
@@ -580,11 +610,12 @@ class Store:
         return merged[-limit:] if limit > 0 else []
 
     async def is_bot_thread(self, platform: str, channel: str, thread_id: str) -> bool:
-        """True when opsbot is answering or has answered in this thread, on any replica or bot
-        worker: a claim names the thread from the moment the question is taken (until it is
-        released unanswered), or an ``assistant`` turn is stored or buffered. The turns alone came
-        too late: a follow-up that reached another worker before the first answer's rows were
-        written was ignored."""
+        """True when opsbot has posted a reply in this thread, on any replica or bot worker (the
+        claim is marked as soon as the reply is posted: :meth:`mark_replied`), or answered in it
+        (an ``assistant`` turn is stored or buffered). Messages from before the reply (a question
+        being asked, people talking) are not follow-ups. The turns alone came too late: a
+        follow-up that reached another worker before the first answer's rows were written was
+        ignored."""
         if (platform, channel, thread_id) in self._answering_threads:
             return True
         for row in self._buffer.pending():
@@ -608,7 +639,7 @@ class Store:
                 _EVENTS.c.platform == platform,
                 _EVENTS.c.channel == channel,
                 _EVENTS.c.thread_id == thread_id,
-                _EVENTS.c.request_id.is_not(None),
+                _EVENTS.c.replied.is_(True),
             )
             .limit(1)
         )

@@ -84,34 +84,36 @@ async def test_a_burst_of_claims_shares_statements_and_each_event_is_won_once(
     assert plain == "done"
 
 
-async def test_a_thread_is_the_bots_on_every_replica_from_the_moment_a_question_there_is_claimed(
-    db_url: str, store_settings: StoreSettings, store: Store, drained: Any
+async def _eventually(check: Any, *args: Any, timeout_s: float = 10.0) -> bool:
+    """``await check(*args)`` until it is true (a write in the background landed) or time is up."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check(*args):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_a_thread_is_the_bots_on_every_replica_from_the_moment_its_reply_is_posted(
+    db_url: str, store_settings: StoreSettings, store: Store
 ) -> None:
     """Another bot worker (or replica) gets the follow-up before this one has written a single
-    thread turn: the claim already says whose thread it is, until it is released unanswered."""
+    thread turn: the claim already says the reply is posted. Before that (the question is being
+    asked, or was refused), messages in the thread are nobody's follow-ups."""
     other = await Store.open(db_url, store_settings)
     try:
-        assert await other.is_bot_thread("slack", "C1", "1700.1") is False
         lease = Claim("slack", "Ev-top", request_id="r-top", channel="C1", thread_id="1700.1", user="U1")
         assert await store.claim_event("slack", "Ev-top", lease)
-        assert await other.is_bot_thread("slack", "C1", "1700.1") is True  # from the claim row
-        store.note_thread("slack", "C1", "1700.1")  # the reply is posted
-        assert await store.is_bot_thread("slack", "C1", "1700.1") is True
-        await store.release_claim("slack", "Ev-top")
-        # A /rca starts its own thread: the claim is pointed at it once the reply is posted.
+        assert await other.is_bot_thread("slack", "C1", "1700.1") is False  # claimed, nothing posted
+        store.mark_replied("slack", "Ev-top", "C1", "1700.1", moved=False)
+        assert await store.is_bot_thread("slack", "C1", "1700.1") is True  # in-process, at once
+        assert await _eventually(other.is_bot_thread, "slack", "C1", "1700.1")  # from the claim row
+        # A /rca starts its own thread: the claim is pointed at it when the reply is posted.
         rca = Claim("slack", "Ev-rca", request_id="r-rca", channel="C2", thread_id=None, user="U1")
         assert await store.claim_event("slack", "Ev-rca", rca)
-        assert await other.is_bot_thread("slack", "C2", "1800.5") is False
-        await store.claim_thread("slack", "Ev-rca", "C2", "1800.5")
-        assert await other.is_bot_thread("slack", "C2", "1800.5") is True
-        # A refused question (nothing posted in its thread) leaves the thread nobody's.
-        refused = Claim("slack", "Ev-no", request_id="r-no", channel="C3", thread_id="1900.2", user="U9")
-        assert await store.claim_event("slack", "Ev-no", refused)
-        await store.release_claim("slack", "Ev-no", answered=False)
-        await drained(store)
-        assert await other.is_bot_thread("slack", "C3", "1900.2") is False
-        assert await other.is_bot_thread("slack", "C1", "1700.1") is True  # answered: still the bot's
-        # A plain de-duplication key (no question taken) makes no thread the bot's.
+        store.mark_replied("slack", "Ev-rca", "C2", "1800.5", moved=True)
+        assert await _eventually(other.is_bot_thread, "slack", "C2", "1800.5")
+        # A plain de-duplication key, or a question never replied to, makes no thread the bot's.
         assert await store.claim_event("slack", "Ev-plain")
         assert await other.is_bot_thread("slack", "C1", "Ev-plain") is False
     finally:

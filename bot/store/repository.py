@@ -70,7 +70,7 @@ _LOCAL_CLAIMS = 10_000
 """Recent event keys remembered in-process, for de-duplication while the database is down."""
 
 _CLAIMS_PER_STATEMENT = 200
-"""Claims in one INSERT at most (13 bound values each: far below SQLite's variable limit)."""
+"""Claims in one INSERT at most (14 bound values each: far below SQLite's variable limit)."""
 
 _REQUESTS: Table = RequestRow.__table__  # type: ignore[assignment]
 _THREADS: Table = ThreadRow.__table__  # type: ignore[assignment]
@@ -94,7 +94,7 @@ class Store:
         self._buffer = WriteBuffer(settings, self._write_batch, self._probe)
         self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._answering_threads: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        """Threads this process has taken a question in (recent ones), for :meth:`is_bot_thread`."""
+        """Threads this process has posted a reply in (recent ones), for :meth:`is_bot_thread`."""
         self._replies_waiting: list[tuple[str, str, str, str, bool]] = []
         """Claims to mark as replied (:meth:`mark_replied`): platform, event, channel, thread, moved."""
         self._reply_writer: asyncio.Future[None] | None = None

@@ -16,7 +16,7 @@ import os
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -80,6 +80,16 @@ _ALERTS: Table = AlertThreadRow.__table__  # type: ignore[assignment]
 _CLAIM_COLUMNS = tuple(column.name for column in _EVENTS.columns)
 """Every claim row names every column: rows of one multi-row INSERT must have the same keys."""
 _FEEDBACK: Table = FeedbackRow.__table__  # type: ignore[assignment]
+
+
+async def _in_batches(waiting: list[T], write: Callable[[list[T]], Awaitable[None]]) -> None:
+    """Hand what ``waiting`` holds to ``write`` in batches until it is empty. What joins within one
+    event-loop turn (a burst's claims, its replies) shares a batch: one statement, one transaction."""
+    while waiting:
+        await asyncio.sleep(0)  # the rest of this loop turn's callers join the batch
+        batch = waiting[:_CLAIMS_PER_STATEMENT]
+        del waiting[: len(batch)]
+        await write(batch)
 
 
 class Store:
@@ -263,17 +273,15 @@ class Store:
             return
         self._replies_waiting.append((platform, event_id, channel, thread_id, moved))
         if self._reply_writer is None or self._reply_writer.done():
-            self._reply_writer = asyncio.ensure_future(self._write_replies())
+            self._reply_writer = asyncio.ensure_future(
+                _in_batches(self._replies_waiting, self._write_replied)
+            )
 
-    async def _write_replies(self) -> None:
-        while self._replies_waiting:
-            await asyncio.sleep(0)  # the rest of this loop turn's replies join the transaction
-            batch = self._replies_waiting[:_CLAIMS_PER_STATEMENT]
-            del self._replies_waiting[: len(batch)]
-            try:
-                await self._call(self._mark_replied(batch))
-            except Exception as error:
-                logger.warning("%d claim(s) not marked as replied: %s", len(batch), describe_cause(error))
+    async def _write_replied(self, batch: list[tuple[str, str, str, str, bool]]) -> None:
+        try:
+            await self._call(self._mark_replied(batch))
+        except Exception as error:
+            logger.warning("%d claim(s) not marked as replied: %s", len(batch), describe_cause(error))
 
     async def _mark_replied(self, batch: list[tuple[str, str, str, str, bool]]) -> None:
         in_place: dict[str, list[str]] = {}
@@ -303,28 +311,24 @@ class Store:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._claims_waiting.append((values, future))
         if self._claim_writer is None or self._claim_writer.done():
-            self._claim_writer = asyncio.ensure_future(self._write_claims())
+            self._claim_writer = asyncio.ensure_future(_in_batches(self._claims_waiting, self._decide_claims))
         # A cancelled caller leaves the shared statement alone (its row may be inserted anyway:
         # then the event counts as taken, as with a single INSERT cancelled after it ran).
         return await asyncio.shield(future)
 
-    async def _write_claims(self) -> None:
-        while self._claims_waiting:
-            await asyncio.sleep(0)  # the rest of this loop turn's claims join the statement
-            batch = self._claims_waiting[:_CLAIMS_PER_STATEMENT]
-            del self._claims_waiting[: len(batch)]
-            try:
-                won = await self._call(self._insert_claims([values for values, _ in batch]))
-            except Exception as error:  # every claim of the batch falls back (claim_event)
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
-                continue
-            for values, future in batch:
-                key = (values["platform"], values["event_id"])
+    async def _decide_claims(self, batch: list[tuple[dict[str, Any], asyncio.Future[bool]]]) -> None:
+        try:
+            won = await self._call(self._insert_claims([values for values, _ in batch]))
+        except Exception as error:  # every claim of the batch falls back (claim_event)
+            for _, future in batch:
                 if not future.done():
-                    future.set_result(key in won)
-                won.discard(key)  # the same event twice in one batch: the first copy has it
+                    future.set_exception(error)
+            return
+        for values, future in batch:
+            key = (values["platform"], values["event_id"])
+            if not future.done():
+                future.set_result(key in won)
+            won.discard(key)  # the same event twice in one batch: the first copy has it
 
     async def _insert_claims(self, rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
         stmt = (

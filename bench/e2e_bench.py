@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import gzip
 import json
 import logging
 import os
@@ -1264,6 +1265,12 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
 # --- raw vLLM, the very same prompts ----------------------------------------------------------------------
 
 
+def read_result(path: Path) -> dict[str, Any]:
+    """A result JSON as this bench writes it, or gzipped (``bench/results`` keeps large ones so)."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
 def common_prefix(seqs: Sequence[Sequence[int]]) -> list[int]:
     """The longest prefix every sequence shares (the rendered system prompt of the bot's prompts)."""
     if not seqs:
@@ -1290,7 +1297,7 @@ async def raw_replay(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from inference.config import EngineConfig
     from inference.engine import Lane
 
-    source = json.loads(args.raw_replay.read_text())
+    source = read_result(args.raw_replay)
     run = source["runs"][0]
     prompts = {p["request_id"]: p for p in run.get("prompts", [])}
     if not prompts:
@@ -1564,9 +1571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=os.environ.get("LOG_LEVEL", "WARNING"), format="%(asctime)s %(name)s %(message)s"
     )
     if args.render is not None:
-        report = json.loads(args.render.read_text())
-        write_report(report, args.render)
-        print(f"re-rendered {args.render.with_suffix('.md')} and {args.render.with_suffix('.png')}")
+        report = read_result(args.render)
+        target = args.render.with_suffix("") if args.render.suffix == ".gz" else args.render
+        write_report(report, target)
+        print(f"re-rendered {target.with_suffix('.md')} and {target.with_suffix('.png')}")
         return 0
     if args.raw_replay is not None:
         sys.path.insert(0, str(ROOT / "bench"))

@@ -4,7 +4,7 @@
 set -uo pipefail
 source bench/h200/env.sh || exit $?
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider -q -rA --durations=15 "${@:-tests/gpu}" 2>&1 \
+PYTHONPATH=$PWD/tests:${PYTHONPATH:-} python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider -q -rA --durations=15 "${@:-tests/gpu}" 2>&1 \
   | tee "$OUT/gpu_tests.txt"
 status=${PIPESTATUS[0]}
 echo "pytest -m gpu exit status: $status" | tee -a "$OUT/gpu_tests.txt"

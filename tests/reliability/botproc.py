@@ -35,7 +35,9 @@ def base_env(data_dir: Path, model: Path, scenarios: dict[str, Any]) -> dict[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPSBOT_")}
     env.update(
         {
-            "PYTHONPATH": str(REPO),
+            # the repository first, then whatever the caller's path adds (the H200's unpacked
+            # vLLM bundle and wheels live there, not in site-packages)
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
             "OPSBOT_DATA_DIR": str(data_dir),
             "OPSBOT_ENGINE__BACKEND": "cpu",
             "OPSBOT_ENGINE__MODEL": str(model),

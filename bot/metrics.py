@@ -10,6 +10,8 @@ every query against a real Prometheus scraping a running opsbot.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (
@@ -193,23 +195,31 @@ REQUEST_STATUSES = (
 """Every ``status`` of a request row (``bot.store.RequestRecord.status``)."""
 CHAT_OUTCOMES = ("ok", "ratelimited", "server_error", "connection", "rejected")
 """Every ``outcome`` of a chat API call attempt."""
-_seen_requests: set[tuple[str, str, str]] = set()
-_seen_calls: set[tuple[str, str]] = set()
+_request_counters: dict[tuple[str, str, str, str], Any] = {}
+_call_counters: dict[tuple[str, str, str], Any] = {}
+"""Label children already looked up: ``labels()`` takes a lock and builds a key on every call, and
+a Web API call was counted that way several times per answer."""
 
 
 def count_request(platform: str, scenario: str, lane: str, status: str) -> None:
     """Count one finished request in ``opsbot_requests_total``."""
-    if (platform, scenario, lane) not in _seen_requests:
-        _seen_requests.add((platform, scenario, lane))
-        for each in REQUEST_STATUSES:
-            REQUESTS.labels(platform, scenario, lane, each)
-    REQUESTS.labels(platform, scenario, lane, status).inc()
+    child = _request_counters.get((platform, scenario, lane, status))
+    if child is None:
+        for each in REQUEST_STATUSES:  # every status shows (at 0) once one has been counted
+            _request_counters[(platform, scenario, lane, each)] = REQUESTS.labels(
+                platform, scenario, lane, each
+            )
+        key = (platform, scenario, lane, status)
+        child = _request_counters.setdefault(key, REQUESTS.labels(*key))
+    child.inc()
 
 
 def count_chat_call(platform: str, method: str, outcome: str) -> None:
     """Count one chat API call attempt in ``opsbot_chat_api_calls_total``."""
-    if (platform, method) not in _seen_calls:
-        _seen_calls.add((platform, method))
-        for each in CHAT_OUTCOMES:
-            CHAT_API_CALLS.labels(platform, method, each)
-    CHAT_API_CALLS.labels(platform, method, outcome).inc()
+    child = _call_counters.get((platform, method, outcome))
+    if child is None:
+        for each in CHAT_OUTCOMES:  # every outcome shows (at 0) once the method has been called
+            _call_counters[(platform, method, each)] = CHAT_API_CALLS.labels(platform, method, each)
+        key = (platform, method, outcome)
+        child = _call_counters.setdefault(key, CHAT_API_CALLS.labels(*key))
+    child.inc()

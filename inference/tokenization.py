@@ -60,16 +60,19 @@ class HFChatTokenizer(ChatTokenizer):
         self._prefixes: OrderedDict[tuple[str, ...], tuple[str, list[int]]] = OrderedDict()
         self._boundary_ok: dict[tuple[tuple[str, ...], str], bool] = {}
         self._lock = threading.Lock()
+        self._backend = _checked_backend(self._tok)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Picklable (``workers`` send it to each bot process): everything but the lock."""
+        """Picklable (``workers`` send it to each bot process): everything but the lock and the
+        backend handle (the tokenizer's own, found again on arrival)."""
         state = dict(self.__dict__)
-        del state["_lock"]
+        del state["_lock"], state["_backend"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._backend = _checked_backend(self._tok)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -83,7 +86,7 @@ class HFChatTokenizer(ChatTokenizer):
         return self._tok
 
     def count(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False))
+        return len(self._encode(text))
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         text = self._template(messages, add_generation_prompt)
@@ -120,6 +123,8 @@ class HFChatTokenizer(ChatTokenizer):
 
     def _encode(self, text: str) -> list[int]:
         # As apply_chat_template(tokenize=True) does: the template writes BOS and the like itself.
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
     def _system_prefix(
@@ -148,6 +153,26 @@ class HFChatTokenizer(ChatTokenizer):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+
+_BACKEND_PROBE = "pod checkout-api-7d9f4 OOMKilled 14x\n  café ✓ <|x|> [INST] 0.25s"
+"""A text the fast backend must encode exactly as ``transformers`` does before it is used alone."""
+
+
+def _checked_backend(tok: Any) -> Any | None:
+    """The fast tokenizer's ``tokenizers.Tokenizer`` when encoding through it gives the very ids
+    ``transformers``' ``encode`` gives (its Python layer around the same call was 6% of the event
+    loop's time under a burst), else None (a slow tokenizer, or one whose wrapper changes the text)."""
+    backend = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    if backend is None:
+        return None
+    try:
+        same = list(backend.encode(_BACKEND_PROBE, add_special_tokens=False).ids) == [
+            int(i) for i in tok.encode(_BACKEND_PROBE, add_special_tokens=False)
+        ]
+    except Exception:  # an exotic backend: the wrapper it is
+        return None
+    return backend if same else None
 
 
 def _leading_system(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

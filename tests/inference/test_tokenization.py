@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from inference.engine import ChatMessage
-from inference.tokenization import SYSTEM_PREFIX_CACHE_SIZE, HFChatTokenizer
+from inference.tokenization import SYSTEM_PREFIX_CACHE_SIZE, HFChatTokenizer, _checked_backend
 
 SYSTEM = "You are opsbot, the on-call assistant. Answer from the fenced cluster data only.\n" * 40
 PIECES = (
@@ -69,15 +69,35 @@ def test_after_the_first_render_only_the_rest_of_the_prompt_is_encoded(
     first, second = _conversations(2, seed=3)
     tok.render(first)  # renders and checks the boundary once
     encoded: list[str] = []
-    encode = tok.hf.encode
+    backend = tok._backend
+    assert backend is not None, "a fast tokenizer encodes through its backend"
 
-    def spy(text: str, **kwargs: Any) -> Any:
-        encoded.append(text)
-        return encode(text, **kwargs)
+    class Spy:
+        def encode(self, text: str, **kwargs: Any) -> Any:
+            encoded.append(text)
+            return backend.encode(text, **kwargs)
 
-    monkeypatch.setattr(tok.hf, "encode", spy)
+    monkeypatch.setattr(tok, "_backend", Spy())
     assert tok.render(second) == _direct(tok, second)
     assert len(encoded) == 1 and SYSTEM not in encoded[0], "the system prompt was encoded again"
+
+
+def test_the_backend_encodes_as_transformers_does_or_is_not_used(tiny_model: Path) -> None:
+    tok = HFChatTokenizer(str(tiny_model))
+    texts = [SYSTEM, "  lead space", "tab\tand\nnewline", "émoji ✓ 🔥", "<|im_start|>user x", ""]
+    for text in texts:
+        assert tok.count(text) == len(tok.hf.encode(text, add_special_tokens=False))
+        assert tok._encode(text) == [int(i) for i in tok.hf.encode(text, add_special_tokens=False)]
+
+    class Wrapped:  # a wrapper that changes the text before its backend sees it
+        is_fast = True
+        backend_tokenizer = tok.hf.backend_tokenizer
+
+        def encode(self, text: str, **kwargs: Any) -> list[int]:
+            return [int(i) for i in tok.hf.encode(text.lower(), **kwargs)]
+
+    assert _checked_backend(Wrapped()) is None
+    assert _checked_backend(object()) is None  # a slow tokenizer: no backend
 
 
 def test_many_system_prompts_stay_exact_and_bounded(tiny_model: Path) -> None:

@@ -100,3 +100,36 @@ def test_the_committed_corpus_is_what_the_generator_writes(tmp_path: Path):
     subprocess.run([sys.executable, str(copy)], check=True, capture_output=True, cwd=tmp_path)
     for name in ("secrets.jsonl", "benign.jsonl"):
         assert (tmp_path / "corpus" / name).read_bytes() == (CORPUS / name).read_bytes(), name
+
+
+def _corpus_texts() -> list[str]:
+    texts = [row["text"] for row in SECRETS + BENIGN]
+    # (?i) rules match any case: the shortcut must hold for shouted and mixed-case text too
+    return texts + [t.upper() for t in texts] + [t.swapcase() for t in texts]
+
+
+def test_every_match_of_a_rule_with_a_shortcut_holds_one_of_its_strings() -> None:
+    """A rule is skipped on ASCII text holding none of its strings (bot.redact._NEEDS): that is only
+    right if each of its matches holds one, checked on every corpus text in three cases."""
+    from bot.redact import _NEEDS, _RULES
+
+    assert len(_NEEDS) >= 20, "the shortcuts were lost (a rule's pattern text changed?)"
+    for kind, pattern, _ in _RULES:
+        needs = _NEEDS.get(pattern)
+        if needs is None:
+            continue
+        for text in _corpus_texts():
+            for match in pattern.finditer(text):
+                found = match.group(0).lower()
+                assert any(n in found for n in needs), f"{kind}: {match.group(0)!r} holds none of {needs}"
+
+
+def test_the_shortcuts_change_no_redaction(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The same text and the same counts per kind with and without the shortcuts."""
+    from bot import redact as module
+
+    texts = _corpus_texts()
+    fast = [module.count_secrets_by_kind(t) for t in texts]
+    monkeypatch.setattr(module, "_NEEDS", {})
+    slow = [module.count_secrets_by_kind(t) for t in texts]
+    assert fast == slow

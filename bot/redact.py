@@ -814,7 +814,8 @@ _RULES: list[_Rule] = [
 def _needs_of(rules: list[_Rule]) -> dict[re.Pattern[str], tuple[str, ...]]:
     """Per rule, lowercase ASCII strings one of which every match contains (the rule is skipped on
     an ASCII text holding none of them). Found by the rule's own pattern text, so a rule edited out
-    of these shapes simply loses its shortcut; tests/redaction checks each against the corpus."""
+    of these shapes simply loses its shortcut; tests/reliability/test_secrets_corpus.py checks each
+    against the redaction corpus."""
     needs: dict[re.Pattern[str], tuple[str, ...]] = {}
     for _, pattern, _ in rules:
         for shape, literal in _NEED_SHAPES:

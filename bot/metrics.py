@@ -195,31 +195,28 @@ REQUEST_STATUSES = (
 """Every ``status`` of a request row (``bot.store.RequestRecord.status``)."""
 CHAT_OUTCOMES = ("ok", "ratelimited", "server_error", "connection", "rejected")
 """Every ``outcome`` of a chat API call attempt."""
-_request_counters: dict[tuple[str, str, str, str], Any] = {}
-_call_counters: dict[tuple[str, str, str], Any] = {}
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
 """Label children already looked up: ``labels()`` takes a lock and builds a key on every call, and
 a Web API call was counted that way several times per answer."""
 
 
+def _count(metric: Counter, labels: tuple[str, ...], every: tuple[str, ...]) -> None:
+    """Add one to ``metric`` at ``labels``; the first time the leading labels are seen, every value
+    of the last one in ``every`` is created too, so each outcome shows (at 0) from then on."""
+    child = _children.get((id(metric), labels))
+    if child is None:
+        for each in every:
+            key = (*labels[:-1], each)
+            _children[(id(metric), key)] = metric.labels(*key)
+        child = _children.setdefault((id(metric), labels), metric.labels(*labels))
+    child.inc()
+
+
 def count_request(platform: str, scenario: str, lane: str, status: str) -> None:
     """Count one finished request in ``opsbot_requests_total``."""
-    child = _request_counters.get((platform, scenario, lane, status))
-    if child is None:
-        for each in REQUEST_STATUSES:  # every status shows (at 0) once one has been counted
-            _request_counters[(platform, scenario, lane, each)] = REQUESTS.labels(
-                platform, scenario, lane, each
-            )
-        key = (platform, scenario, lane, status)
-        child = _request_counters.setdefault(key, REQUESTS.labels(*key))
-    child.inc()
+    _count(REQUESTS, (platform, scenario, lane, status), REQUEST_STATUSES)
 
 
 def count_chat_call(platform: str, method: str, outcome: str) -> None:
     """Count one chat API call attempt in ``opsbot_chat_api_calls_total``."""
-    child = _call_counters.get((platform, method, outcome))
-    if child is None:
-        for each in CHAT_OUTCOMES:  # every outcome shows (at 0) once the method has been called
-            _call_counters[(platform, method, each)] = CHAT_API_CALLS.labels(platform, method, each)
-        key = (platform, method, outcome)
-        child = _call_counters.setdefault(key, CHAT_API_CALLS.labels(*key))
-    child.inc()
+    _count(CHAT_API_CALLS, (platform, method, outcome), CHAT_OUTCOMES)

@@ -93,6 +93,10 @@ _RELEASE = (
 """Ends one lease (answered): built once and run for a whole batch of releases as one executemany."""
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each row dataclass's field names, looked up once."""
+
+
 def _row_values(row: Any) -> dict[str, Any]:
     """A dataclass row's fields as statement values: a shallow copy (``asdict`` deep-copies every
     value, 2% of the event loop's time under a burst; rows are not changed once queued)."""
@@ -100,9 +104,6 @@ def _row_values(row: Any) -> dict[str, Any]:
     if names is None:
         names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
     return {name: getattr(row, name) for name in names}
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 async def _in_batches(waiting: list[T], write: Callable[[list[T]], Awaitable[None]]) -> None:

@@ -21,10 +21,12 @@ from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import sqlalchemy
 from sqlalchemy import Table, and_, bindparam, delete, func, or_, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot import metrics
 from bot.config import StoreSettings, mask_url
@@ -38,7 +40,15 @@ from bot.store.buffer import (
     PendingRow,
     WriteBuffer,
 )
-from bot.store.db import StoreError, check_connection, create_engine, describe_cause, unreachable
+from bot.store.db import (
+    SqliteWriter,
+    StoreError,
+    check_connection,
+    create_engine,
+    describe_cause,
+    sqlite_writer,
+    unreachable,
+)
 from bot.store.models import (
     AlertThreadRow,
     FeedbackRow,
@@ -119,16 +129,22 @@ async def _in_batches(waiting: list[T], write: Callable[[list[T]], Awaitable[Non
 class Store:
     """opsbot's storage (SQLite or PostgreSQL); create it with :meth:`open`, end it with :meth:`close`."""
 
-    def __init__(self, engine: AsyncEngine, settings: StoreSettings) -> None:
-        """Use :meth:`open`; this only wires the parts together."""
+    def __init__(
+        self, engine: AsyncEngine, settings: StoreSettings, writer: SqliteWriter | None = None
+    ) -> None:
+        """Use :meth:`open`; this only wires the parts together (``writer``: where a SQLite file's
+        write transactions run, see :meth:`_transact`)."""
         self._engine = engine
+        self._writer = writer
         self._settings = settings
         self._dialect = engine.dialect.name
         self._where = mask_url(engine.url.render_as_string(hide_password=False))
         self._buffer = WriteBuffer(settings, self._write_batch, self._probe)
         self._local_claims: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._answering_threads: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        """Threads this process has posted a reply in (recent ones), for :meth:`is_bot_thread`."""
+        self._answering_threads: OrderedDict[tuple[str, str, str], float | None] = OrderedDict()
+        """Threads this process has posted a reply in (recent ones), for :meth:`is_bot_thread`: the
+        platform time of the earliest question answered there (``None``: unknown, as for a
+        ``/rca``, whose thread begins with opsbot's own post)."""
         self._replies_waiting: list[tuple[str, str, str, str, bool]] = []
         """Claims to mark as replied (:meth:`mark_replied`): platform, event, channel, thread, moved."""
         self._reply_writer: asyncio.Future[None] | None = None
@@ -173,7 +189,7 @@ class Store:
         except BaseException:
             await engine.dispose()
             raise
-        store = cls(engine, settings)
+        store = cls(engine, settings, sqlite_writer(engine, settings))
         store._buffer.start()
         store._maintenance = asyncio.get_running_loop().create_task(store._prune_forever())
         metrics.STORE_UP.set(1)
@@ -196,6 +212,8 @@ class Store:
                 self._where,
                 flush_timeout_s,
             )
+        if self._writer is not None:
+            await self._writer.dispose()
         await self._engine.dispose()
 
     @property
@@ -217,6 +235,13 @@ class Store:
     def engine(self) -> AsyncEngine:
         """The SQLAlchemy engine (for tests and maintenance scripts)."""
         return self._engine
+
+    @property
+    def write_engine(self) -> sqlalchemy.Engine:
+        """The synchronous engine the store's write transactions run on (for tests: its events
+        see every writing statement): the :class:`~bot.store.db.SqliteWriter`'s for a SQLite file,
+        else :attr:`engine`'s."""
+        return self._writer.engine if self._writer is not None else self._engine.sync_engine
 
     # -- health ----------------------------------------------------------------------------
     async def ping(self) -> bool:
@@ -278,7 +303,14 @@ class Store:
         return True
 
     def mark_replied(
-        self, platform: str, event_id: str, channel: str, thread_id: str, *, moved: bool
+        self,
+        platform: str,
+        event_id: str,
+        channel: str,
+        thread_id: str,
+        *,
+        moved: bool,
+        since: float | None = None,
     ) -> None:
         """The answer to the claimed event ``(platform, event_id)`` has posted its reply in
         ``thread_id`` (``moved``: a thread other than the one the claim names, as a ``/rca``
@@ -287,9 +319,16 @@ class Store:
 
         Never waits: replies posted together (a burst) are marked in one transaction in the
         background, as claims are. A failed write leaves the thread to be recognised by its stored
-        turns once the answer's rows are written."""
+        turns once the answer's rows are written.
+
+        ``since``: the platform's time of the question answered (``IncomingMessage.posted_at``):
+        posts of the thread from before it are not follow-ups, however late their turn comes
+        (:meth:`is_bot_thread`); the earliest question's time is kept."""
         key = (platform, channel, thread_id)
-        self._answering_threads[key] = None
+        if key not in self._answering_threads:
+            self._answering_threads[key] = since
+        elif (known := self._answering_threads[key]) is not None:
+            self._answering_threads[key] = None if since is None else min(known, since)
         self._answering_threads.move_to_end(key)
         while len(self._answering_threads) > _LOCAL_CLAIMS:
             self._answering_threads.popitem(last=False)
@@ -312,20 +351,24 @@ class Store:
         for platform, event_id, _, _, moved in batch:
             if not moved:
                 in_place.setdefault(platform, []).append(event_id)
-        async with self._timeout(), self._engine.begin() as conn:
+
+        def mark(conn: Connection) -> None:
             for platform, event_ids in in_place.items():
-                await conn.execute(
+                conn.execute(
                     update(_EVENTS)
                     .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id.in_(event_ids))
                     .values(replied=True)
                 )
             for platform, event_id, channel, thread_id, moved in batch:
                 if moved:
-                    await conn.execute(
+                    conn.execute(
                         update(_EVENTS)
                         .where(_EVENTS.c.platform == platform, _EVENTS.c.event_id == event_id)
                         .values(replied=True, channel=channel, thread_id=thread_id)
                     )
+
+        async with self._timeout():
+            await self._transact(mark)
 
     async def _claim(self, values: dict[str, Any]) -> bool:
         """Whether the claim row ``values`` was inserted. Claims that arrive together (a burst of
@@ -361,9 +404,12 @@ class Store:
             .on_conflict_do_nothing(index_elements=["platform", "event_id"])
             .returning(_EVENTS.c.platform, _EVENTS.c.event_id)
         )
-        async with self._timeout(), self._engine.begin() as conn:
-            result = await conn.execute(stmt)
-            return {(str(platform), str(event_id)) for platform, event_id in result.all()}
+
+        def insert(conn: Connection) -> set[tuple[str, str]]:
+            return {(str(platform), str(event_id)) for platform, event_id in conn.execute(stmt).all()}
+
+        async with self._timeout():
+            return await self._transact(insert)
 
     async def renew_leases(self) -> int:
         """Extend every lease this process holds by ``store.claim_lease_s`` from now, in one
@@ -624,15 +670,25 @@ class Store:
         merged.sort(key=lambda m: m.created_at)  # stable: equal times keep stored-then-buffered order
         return merged[-limit:] if limit > 0 else []
 
-    async def is_bot_thread(self, platform: str, channel: str, thread_id: str) -> bool:
+    async def is_bot_thread(
+        self, platform: str, channel: str, thread_id: str, posted_at: float | None = None
+    ) -> bool:
         """True when opsbot has posted a reply in this thread, on any replica or bot worker (the
         claim is marked as soon as the reply is posted: :meth:`mark_replied`), or answered in it
         (an ``assistant`` turn is stored or buffered). Messages from before the reply (a question
         being asked, people talking) are not follow-ups. The turns alone came too late: a
         follow-up that reached another worker before the first answer's rows were written was
-        ignored."""
-        if (platform, channel, thread_id) in self._answering_threads:
-            return True
+        ignored.
+
+        ``posted_at`` (the platform's time of the message asking, ``IncomingMessage.posted_at``):
+        a message posted before the question this process answers there is not a follow-up, also
+        when its check ends after the reply was marked (a burst of posts in a thread: the reply
+        to the mention among them can be marked while the checks of the posts before it still
+        wait for the database). A reply marked by another worker or replica carries no time: the
+        database says only that the thread is opsbot's."""
+        key = (platform, channel, thread_id)
+        if key in self._answering_threads:
+            return not self._posted_before_question(key, posted_at)
         for row in self._buffer.pending():
             if (
                 isinstance(row, PendingMessage)
@@ -669,7 +725,14 @@ class Store:
         except Exception as error:
             self._read_failed("is_bot_thread", error)
             return False
-        return bool(hit is not None and hit[0])
+        # Marked here while the read waited: the mark may be the very reply the read saw.
+        return bool(hit is not None and hit[0]) and not self._posted_before_question(key, posted_at)
+
+    def _posted_before_question(self, key: tuple[str, str, str], posted_at: float | None) -> bool:
+        """Whether a message at ``posted_at`` came no later than the question this process
+        answers in thread ``key`` (False where either time is unknown)."""
+        since = self._answering_threads.get(key)
+        return posted_at is not None and since is not None and posted_at <= since
 
     async def get_alert_thread(self, group_key: str) -> AlertThread | None:
         """The thread saved for an alert group (a buffered save wins: it is the newest)."""
@@ -923,9 +986,21 @@ class Store:
 
     async def _execute(self, stmt: Any) -> int:
         """Execute one writing statement in its own transaction; its row count."""
-        async with self._timeout(), self._engine.begin() as conn:
-            result = await conn.execute(stmt)
-        return int(result.rowcount)
+        async with self._timeout():
+            return await self._transact(lambda conn: int(conn.execute(stmt).rowcount))
+
+    async def _transact(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` (statements on a synchronous connection) as one write transaction.
+
+        The one way the store writes. A SQLite file's transactions run whole on the
+        :class:`~bot.store.db.SqliteWriter`'s thread, so SQLite's write lock is never held across
+        event-loop turns (other bot processes on the file would wait that out); PostgreSQL's run on
+        the async engine (``run_sync``: each statement awaited on this loop, no lock shared
+        across processes beyond the rows a statement touches)."""
+        if self._writer is not None:
+            return await self._writer.run(work)
+        async with self._engine.begin() as conn:
+            return await conn.run_sync(work)
 
     async def _first(self, stmt: Any) -> Any:
         """The first row of a query, or ``None``."""
@@ -982,40 +1057,43 @@ class Store:
                 releases.append(row)
             else:
                 feedback[(row.request_id, row.platform, row.user or "")] = row
-        async with self._engine.begin() as conn:
-            if requests:
-                values = [_row_values(r) for r in requests.values()]
-                await self._upsert(conn, _REQUESTS, values, ["request_id"])
-            if claims:
-                stmt = self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["platform", "event_id"])
-                await conn.execute(stmt, [_row_values(c) for c in claims.values()])
-            if releases:  # one statement for the batch's releases (executemany)
-                await conn.execute(
-                    _RELEASE,
-                    [{"r_platform": r.platform, "r_event": r.event_id, "r_owner": r.owner} for r in releases],
-                )
-            if messages:
-                await self._write_messages(conn, messages)
-            if alerts:
-                values = [{**_alert_values(a), "updated_at": utcnow()} for a in alerts.values()]
-                await self._upsert(conn, _ALERTS, values, ["group_key"])
-            if feedback:
-                values = [{**asdict(f), "user": f.user or ""} for f in feedback.values()]
-                await self._upsert(conn, _FEEDBACK, values, ["request_id", "platform", "user"])
+        # Statement values are built here, on the event loop: the transaction itself only executes.
+        request_values = [_row_values(r) for r in requests.values()]
+        claim_values = [_row_values(c) for c in claims.values()]
+        release_values = [
+            {"r_platform": r.platform, "r_event": r.event_id, "r_owner": r.owner} for r in releases
+        ]
+        alert_values = [{**_alert_values(a), "updated_at": utcnow()} for a in alerts.values()]
+        feedback_values = [{**asdict(f), "user": f.user or ""} for f in feedback.values()]
 
-    async def _upsert(
-        self, conn: AsyncConnection, table: Table, values: list[dict[str, Any]], key: list[str]
-    ) -> None:
+        def write(conn: Connection) -> None:
+            if request_values:
+                self._upsert(conn, _REQUESTS, request_values, ["request_id"])
+            if claim_values:
+                stmt = self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["platform", "event_id"])
+                conn.execute(stmt, claim_values)
+            if release_values:  # one statement for the batch's releases (executemany)
+                conn.execute(_RELEASE, release_values)
+            if messages:
+                self._write_messages(conn, messages)
+            if alert_values:
+                self._upsert(conn, _ALERTS, alert_values, ["group_key"])
+            if feedback_values:
+                self._upsert(conn, _FEEDBACK, feedback_values, ["request_id", "platform", "user"])
+
+        await self._transact(write)
+
+    def _upsert(self, conn: Connection, table: Table, values: list[dict[str, Any]], key: list[str]) -> None:
         stmt = self._insert(table)
         stmt = stmt.on_conflict_do_update(
             index_elements=key,
             set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in key},
         )
-        await conn.execute(stmt, values)
+        conn.execute(stmt, values)
 
-    async def _write_messages(self, conn: AsyncConnection, messages: list[PendingMessage]) -> None:
+    def _write_messages(self, conn: Connection, messages: list[PendingMessage]) -> None:
         keys = {(m.platform, m.channel, m.thread_id): m.created_at for m in reversed(messages)}
-        await conn.execute(
+        conn.execute(
             self._insert(_THREADS).on_conflict_do_nothing(
                 index_elements=["platform", "channel", "thread_id"]
             ),
@@ -1024,7 +1102,7 @@ class Store:
                 for (p, c, t), at in keys.items()
             ],
         )
-        found = await conn.execute(
+        found = conn.execute(
             select(_THREADS.c.id, _THREADS.c.platform, _THREADS.c.channel, _THREADS.c.thread_id).where(
                 # one IN over (platform, channel, thread_id): its statement compiles once, however
                 # many threads the batch holds (an OR of N conditions compiled anew per batch)
@@ -1032,7 +1110,7 @@ class Store:
             )
         )
         ids = {(r.platform, r.channel, r.thread_id): r.id for r in found}
-        await conn.execute(
+        conn.execute(
             self._insert(_MESSAGES).on_conflict_do_nothing(index_elements=["message_id"]),
             [
                 {

@@ -48,6 +48,7 @@ async def w(tiny_model: Path, tmp_path: Path) -> AsyncIterator[World]:
         async with world(tiny_model, tmp_path, max_tokens=3) as running:
             logging.getLogger().setLevel(logging.DEBUG)
             running.store.engine.echo = "debug"
+            running.store.write_engine.echo = "debug"  # a SQLite file's writes: the writer thread
             running.extra["log"] = stream
             yield running
     finally:

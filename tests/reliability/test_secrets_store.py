@@ -64,6 +64,7 @@ def logs() -> Iterator[tuple[io.StringIO, Capture]]:
 async def exercise(url: str) -> Store:
     store = await Store.open(url, StoreSettings(retry={"initial_s": 0.02}))
     store.engine.echo = "debug"  # what create_engine(echo="debug") does: statements, params, rows
+    store.write_engine.echo = "debug"  # a SQLite file's writes run on the writer thread's engine
     await store.append_message("slack", "C1", "1700000000.000100", "user", PASTED, user="U1", request_id="r1")
     await store.append_message("slack", "C1", "1700000000.000100", "assistant", "Looking.", request_id="r1")
     leaked_error = "post: " + BY_KIND["url_password"]["text"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,13 +55,13 @@ async def test_a_burst_of_claims_shares_statements_and_each_event_is_won_once(
             if statement.lstrip().upper().startswith("INSERT INTO OPSBOT_PROCESSED_EVENTS"):
                 inserts.append(statement)
 
-        event.listen(store.engine.sync_engine, "before_cursor_execute", count)
+        event.listen(store.write_engine, "before_cursor_execute", count)
         try:
             won = await asyncio.gather(
                 *(store.claim_event("slack", e, lease if e == "Burst-5" else None) for e in ids)
             )
         finally:
-            event.remove(store.engine.sync_engine, "before_cursor_execute", count)
+            event.remove(store.write_engine, "before_cursor_execute", count)
     finally:
         await other.close()
     assert 1 <= len(inserts) <= 2, f"{len(ids)} claims took {len(inserts)} INSERT statements"
@@ -118,6 +120,44 @@ async def test_a_thread_is_the_bots_on_every_replica_from_the_moment_its_reply_i
         assert await other.is_bot_thread("slack", "C1", "Ev-plain") is False
     finally:
         await other.close()
+
+
+async def test_a_post_from_before_the_question_is_no_follow_up_even_when_its_check_ends_late(
+    db_url: str, store_settings: StoreSettings, store: Store
+) -> None:
+    """A burst in a thread: people talk, then someone @-mentions opsbot. The checks of the posts
+    before the mention may end after its reply was marked (here: the database already says the
+    thread is opsbot's); by the platform's clock they came before the question, so they stay
+    people talking. Posts after it are follow-ups, and so is any post where a time is unknown."""
+    question = Claim("slack", "Ev-q", request_id="r-q", channel="C1", thread_id="1700.1", user="U1")
+    assert await store.claim_event("slack", "Ev-q", question)
+    store.mark_replied("slack", "Ev-q", "C1", "1700.1", moved=False, since=1700.9)
+    assert await store.is_bot_thread("slack", "C1", "1700.1", 1700.5) is False  # before it
+    assert await store.is_bot_thread("slack", "C1", "1700.1", 1700.9) is False  # the question
+    assert await store.is_bot_thread("slack", "C1", "1700.1", 1701.2) is True  # after it
+    assert await store.is_bot_thread("slack", "C1", "1700.1") is True  # no time given
+    # The same order holds when the answer comes from the database read: another worker's mark
+    # is in the claim row, this process's own mark of the same thread lands while the read waits.
+    other = await Store.open(db_url, store_settings)
+    try:
+        early = Claim("slack", "Ev-e", request_id="r-e", channel="C3", thread_id="1750.1", user="U1")
+        assert await other.claim_event("slack", "Ev-e", early)
+        other.mark_replied("slack", "Ev-e", "C3", "1750.1", moved=False, since=1750.2)
+        assert await _eventually(store.is_bot_thread, "slack", "C3", "1750.1")  # from the row
+        late_check = asyncio.ensure_future(store.is_bot_thread("slack", "C3", "1750.1", 1750.5))
+        await asyncio.sleep(0)  # the check is now waiting for its read
+        assert not late_check.done()
+        store.mark_replied("slack", "Ev-l", "C3", "1750.1", moved=False, since=1750.8)
+        assert await late_check is False
+    finally:
+        await other.close()
+    # A /rca thread begins with opsbot's own post (no question time): every later post is a
+    # follow-up, also once a mention in that thread is answered too.
+    rca = Claim("slack", "Ev-rca", request_id="r-rca", channel="C2", thread_id=None, user="U1")
+    assert await store.claim_event("slack", "Ev-rca", rca)
+    store.mark_replied("slack", "Ev-rca", "C2", "1800.5", moved=True)
+    store.mark_replied("slack", "Ev-m", "C2", "1800.5", moved=False, since=1900.0)
+    assert await store.is_bot_thread("slack", "C2", "1800.5", 1850.0) is True
 
 
 async def test_a_claim_is_still_refused_after_a_restart(
@@ -340,5 +380,56 @@ async def test_sqlite_connections_use_wal_busy_timeout_and_foreign_keys(
             assert (await conn.scalar(text("PRAGMA journal_mode"))) == "wal"
             assert (await conn.scalar(text("PRAGMA busy_timeout"))) == store_settings.busy_timeout_ms
             assert (await conn.scalar(text("PRAGMA foreign_keys"))) == 1
+        # The writer's own connection (the write transactions' file handle) is tuned the same way.
+        with store.write_engine.connect() as sync_conn:
+            assert sync_conn.scalar(text("PRAGMA journal_mode")) == "wal"
+            assert sync_conn.scalar(text("PRAGMA busy_timeout")) == store_settings.busy_timeout_ms
+            assert sync_conn.scalar(text("PRAGMA foreign_keys")) == 1
     finally:
         await store.close()
+
+
+async def test_a_sqlite_write_transaction_commits_while_the_event_loop_is_busy(
+    sqlite_url: str, store_settings: StoreSettings
+) -> None:
+    """SQLite has one write lock per file. A store's write transaction must not need the event loop
+    between its BEGIN and its COMMIT: with several bot processes on one file (``workers = N``) the
+    lock would be held through the loop's busy turns while the other processes wait it out. Here the
+    loop is blocked right after a burst of claims is handed over; the claims are committed (seen
+    from another connection) before the loop runs again."""
+    import sqlite3
+
+    store = await Store.open(sqlite_url, store_settings)
+    try:
+        claims = [asyncio.ensure_future(store.claim_event("slack", f"Busy-{i}")) for i in range(64)]
+        for _ in range(20):  # the claims' batch is handed to the database
+            await asyncio.sleep(0)
+        time.sleep(1.0)  # CPU work on the loop (another answer's prompt, a Bolt dispatch)
+        path = sqlite_url.split(":///", 1)[1]
+        with contextlib.closing(sqlite3.connect(path, timeout=0)) as reader:
+            committed = reader.execute(
+                "SELECT count(*) FROM opsbot_processed_events WHERE event_id LIKE 'Busy-%'"
+            ).fetchone()[0]
+        assert committed == 64, f"{committed} of 64 claims committed while the loop was blocked"
+        assert all(await asyncio.gather(*claims))
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "own_writer"),
+    [
+        ("sqlite+aiosqlite:///{tmp}/a.db", True),
+        ("sqlite+aiosqlite://", False),
+        ("sqlite+aiosqlite:///:memory:", False),
+    ],
+)
+def test_only_a_sqlite_file_gets_a_writer_thread(url: str, own_writer: bool, tmp_path: Any) -> None:
+    """An in-memory database seen through a second connection would be another, empty database."""
+    from bot.store.db import create_engine, sqlite_writer
+
+    engine = create_engine(url.format(tmp=tmp_path), StoreSettings())
+    writer = sqlite_writer(engine, StoreSettings())
+    assert (writer is not None) is own_writer
+    if writer is not None:
+        writer.engine.dispose()

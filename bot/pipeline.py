@@ -406,7 +406,12 @@ class Pipeline:
             # From now on messages in the reply's thread are follow-ups, on every worker.
             moved = reply.thread_id != _claimed_thread(message)  # a /rca starts its own thread
             self.store.mark_replied(
-                message.platform, message.event_id, message.channel, reply.thread_id, moved=moved
+                message.platform,
+                message.event_id,
+                message.channel,
+                reply.thread_id,
+                moved=moved,
+                since=message.posted_at,
             )
             if early is not None:
                 prepared = await early

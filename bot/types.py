@@ -54,6 +54,10 @@ class IncomingMessage:
     thread_id: str | None = None
     message_id: str | None = None
     """Platform id of the message itself (Slack ``ts``, Mattermost post id)."""
+    posted_at: float | None = None
+    """The platform's own time of the message, in seconds since the epoch (Slack's ``ts``,
+    Mattermost's ``create_at``): orders it against other posts of its thread on the platform's
+    clock (``Store.is_bot_thread``); ``None`` where the event has none (slash commands)."""
     user_name: str | None = None
     team: str | None = None
     channel_name: str | None = None

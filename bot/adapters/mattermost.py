@@ -524,7 +524,7 @@ class MattermostAdapter(ChatAdapter):
             kind = MessageKind.DIRECT
         elif mentioned:
             kind = MessageKind.MENTION
-        elif root_id and await self._is_bot_thread(channel, root_id):
+        elif root_id and await self._is_bot_thread(channel, root_id, create_at / 1000 or None):
             kind = MessageKind.FOLLOWUP
         else:
             return 0
@@ -544,6 +544,7 @@ class MattermostAdapter(ChatAdapter):
             kind=kind,
             thread_id=root_id or post_id,
             message_id=post_id,
+            posted_at=create_at / 1000 or None,
             is_direct=ctype == "D",
         )
         return 1 if self._hand_over(message) else 0
@@ -575,9 +576,9 @@ class MattermostAdapter(ChatAdapter):
             self._users.popitem(last=False)
         return user
 
-    async def _is_bot_thread(self, channel: str, root_id: str) -> bool:
+    async def _is_bot_thread(self, channel: str, root_id: str, posted_at: float | None) -> bool:
         try:
-            return await self.store.is_bot_thread(PLATFORM, channel, root_id)
+            return await self.store.is_bot_thread(PLATFORM, channel, root_id, posted_at)
         except Exception as exc:  # the event stream must go on; the store logs its own outage
             logger.warning("mattermost: cannot tell whether thread %s is opsbot's: %s", root_id, exc)
             return False

@@ -152,6 +152,15 @@ _PERMALINK = re.compile(
 )
 
 
+def slack_time(ts: object) -> float | None:
+    """A Slack message ``ts`` (``"1712345678.123456"``, the server's clock) in seconds since the
+    epoch; ``None`` for none or a malformed one."""
+    try:
+        return float(str(ts))
+    except ValueError:
+        return None
+
+
 class SlackCallError(PlatformError, SlackApiError):
     """A Web API call failed for good; its subclasses place it in :mod:`bot.errors`' tree.
 
@@ -1230,7 +1239,7 @@ class SlackAdapter(ChatAdapter):
         elif (
             thread_ts
             and thread_ts != ts
-            and await self.store.is_bot_thread(PLATFORM, channel, str(thread_ts))
+            and await self.store.is_bot_thread(PLATFORM, channel, str(thread_ts), slack_time(ts))
         ):
             kind = MessageKind.FOLLOWUP
         else:
@@ -1324,6 +1333,7 @@ class SlackAdapter(ChatAdapter):
             kind=kind,
             thread_id=str(event.get("thread_ts") or ts),
             message_id=ts,
+            posted_at=slack_time(ts),
             team=str(body.get("team_id") or event.get("team") or "") or None,
             is_direct=event.get("channel_type") == "im" or channel.startswith("D"),
             extra={"slack_event_id": body.get("event_id")},

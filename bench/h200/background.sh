@@ -6,7 +6,8 @@
 #   bench/h200/background.sh wait NAME [LIMIT_S]  follows the log until CMD ends or LIMIT_S pass
 #                                                 (default 540); when it has ended, copies its
 #                                                 out/ and log into $OUT and exits with CMD's status,
-#                                                 else exits 75 (call wait again, within 30 s)
+#                                                 else copies the finished out/*.tar and exits 75
+#                                                 (call wait again, within 30 s)
 # Example (the whole GPU suite as one pytest run):
 #   bash bench/h200/stage.sh 02 && bash bench/h200/background.sh start gpu bash bench/h200/gpu_tests.sh \
 #     && bash bench/h200/background.sh wait gpu 560
@@ -34,6 +35,9 @@ case $action in
       shown=$lines; echo "$shown" > "$dir/shown"
     done
     if [ ! -f "$dir/rc" ]; then
+      # The steps it has finished come back now (sequence.sh writes each as one finished .tar), in
+      # case the session's device time ends before the next wait.
+      ls "$dir/out/"*.tar > /dev/null 2>&1 && cp "$dir/out/"*.tar "$OUT/"
       echo "$name still running after $(( $(date +%s) - t0 )) s: call 'background.sh wait $name' again"
       exit 75
     fi

@@ -50,30 +50,14 @@ want 3 && { run 480 e2e-vllm-fp8 "${common[@]}" "${vllm[@]}" --engine-arg dtype=
   --engine-arg quantization=fp8 "$@" || status=1; }
 if want 4; then
 step "4/4 opsbot (openai backend) -> vllm serve bf16"
-port=18931
-healthy() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-  "http://127.0.0.1:$port/health" 2> /dev/null; }
-# its own session: the API server and its engine core stop together at the end
-setsid python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name opsbot-8b \
-  --load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization 0.85 \
-  --max-num-seqs 64 --max-num-batched-tokens 8192 --scheduling-policy priority --enable-prefix-caching \
-  --enable-prompt-tokens-details --host 127.0.0.1 --port $port > "$OUT/vllm-serve.log" 2>&1 &
-server=$!
-for _ in $(seq 1 180); do
-  healthy && break
-  kill -0 $server 2> /dev/null || break
-  sleep 1
-done
-if healthy; then
-  echo "vllm serve healthy (t+$(( $(date +%s) - t0 )) s)"
-  run 150 e2e-openai-bf16 "${common[@]}" --engine openai --base-url "http://127.0.0.1:$port" \
-    --served-model-name opsbot-8b "$@" || status=1
+source bench/h200/serve.sh
+if serve_start "$OUT/vllm-serve.log"; then
+  run 150 e2e-openai-bf16 "${common[@]}" --engine openai --base-url "$SERVE_URL" \
+    --served-model-name $SERVE_NAME "$@" || status=1
 else
-  echo "vllm serve did not come up; its log:"; tail -30 "$OUT/vllm-serve.log"; status=1
+  status=1
 fi
-kill -TERM -- -$server 2> /dev/null
-for _ in $(seq 1 20); do kill -0 $server 2> /dev/null || break; sleep 1; done
-kill -KILL -- -$server 2> /dev/null
+serve_stop
 fi
 step "done"
 for f in e2e-vllm-bf16 e2e-raw-bf16 e2e-vllm-fp8 e2e-openai-bf16; do

@@ -9,7 +9,10 @@
 #   STEPS="4" bench/h200/workers.sh     -> $OUT/e2e-workers4.{json,md,png}   (any N: STEPS="8")
 # usage: STEPS="1 2 4 ..." bench/h200/workers.sh [extra e2e_bench.py args]
 #   a number is a bot run with that many workers; "raw" (or 2 right after 1) is raw AsyncLLM fed
-#   the prompt ids of the bot run just before it (STEPS="4 raw": the 4-worker run and its baseline)
+#   the prompt ids of the bot run just before it (STEPS="4 raw": the 4-worker run and its baseline);
+#   "openaiN" is the remote-server design: the same bot with N workers and engine.backend = "openai"
+#   against `vllm serve` of the same model and engine arguments (bench/h200/serve.sh), after the
+#   in-process runs have freed the GPU (STEPS="4 raw openai4")
 set -uo pipefail
 source bench/h200/env.sh || exit $?
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -18,10 +21,10 @@ MODEL=$OPSBOT_TEST_MODELS/8b-v2
 t0=$(date +%s)
 common=(--platforms slack-socket --patterns burst8,burst64,burst64,incident,incident --channels 16
         --budgets off --answer-tokens 200 --rca-tokens 64 --model "$MODEL" --dump-prompts --idle-s 1
-        --pause-s 0.5 --start-timeout-s 420 --pattern-timeout-s 45 --workdir /tmp
-        --engine vllm --engine-arg load_format=dummy --engine-arg gpu_memory_utilization=0.85
-        --engine-arg max_num_seqs=64 --engine-arg max_num_batched_tokens=8192
-        --engine-arg scheduling_policy=priority --engine-arg dtype=bfloat16)
+        --pause-s 0.5 --start-timeout-s 420 --pattern-timeout-s 45 --workdir /tmp)
+vllm=(--engine vllm --engine-arg load_format=dummy --engine-arg gpu_memory_utilization=0.85
+      --engine-arg max_num_seqs=64 --engine-arg max_num_batched_tokens=8192
+      --engine-arg scheduling_policy=priority --engine-arg dtype=bfloat16)
 run() {  # run LIMIT_S NAME ARGS...
   local limit=$1 name=$2; shift 2
   echo "=== $name (t+$(( $(date +%s) - t0 )) s) ==="
@@ -37,8 +40,18 @@ prev=
 for s in ${STEPS:-1 2}; do
   if [ "$s" = raw ] || { [ "$s" = 2 ] && [ "$prev" = 1 ]; }; then
     run 150 "e2e-raw-workers$prev" --raw-replay "$OUT/e2e-workers$prev.json" || status=1
+  elif [[ $s == openai* ]]; then
+    source bench/h200/serve.sh
+    if serve_start "$OUT/vllm-serve.log"; then
+      run 300 "e2e-openai-workers${s#openai}" "${common[@]}" --workers "${s#openai}" --engine openai \
+        --base-url "$SERVE_URL" --served-model-name $SERVE_NAME "$@" || status=1
+    else
+      status=1
+    fi
+    serve_stop
+    gzip -f "$OUT/vllm-serve.log"
   else
-    run 480 "e2e-workers$s" "${common[@]}" --workers "$s" "$@" || status=1
+    run 480 "e2e-workers$s" "${common[@]}" "${vllm[@]}" --workers "$s" "$@" || status=1
   fi
   prev=$s
 done

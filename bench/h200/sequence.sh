@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole H200 sequence of issue 10 as one job, after stage.sh 00, 01, 02 (run it through
+# background.sh so that it outlives each 600 s device call and the machine never idles between
+# steps). Runs from a copy of the tree in /tmp/seq (a later call re-sends the working tree under
+# the running job), each step into its own folder, packed as $OUT/<step>.tar when it ends (the
+# device tool brings back at most 8 files):
+#   workers  STEPS="4 raw" workers.sh: the bot with 4 workers on in-process vLLM, raw AsyncLLM on
+#            its very prompt ids
+#   gpu      the whole `pytest -m gpu` in one run (gpu_tests.sh)
+#   openai   STEPS="openai4" workers.sh: the same bot, engine.backend = "openai" -> vllm serve
+# usage: bash bench/h200/background.sh start seq bash bench/h200/sequence.sh [STEP...]
+#        (default: workers gpu openai), then `background.sh wait seq 560` call after call
+set -uo pipefail
+rm -rf /tmp/seq && mkdir -p /tmp/seq
+tar -cf - --exclude=./.gpu --exclude=./.whl . | tar -xf - -C /tmp/seq
+cd /tmp/seq || exit 3
+status=0
+for step in "${@:-workers gpu openai}"; do
+  for s in $step; do
+    echo "=== step $s ($(date -u +%H:%M:%S) UTC) ==="
+    mkdir -p "$OUT/$s"
+    case $s in
+      workers) OUT=$OUT/$s STEPS="4 raw" bash bench/h200/workers.sh || status=1 ;;
+      gpu) OUT=$OUT/$s bash bench/h200/gpu_tests.sh || status=1 ;;
+      openai) OUT=$OUT/$s STEPS="openai4" bash bench/h200/workers.sh || status=1 ;;
+      *) echo "unknown step $s (workers, gpu, openai)"; rmdir "$OUT/$s"; status=2; continue ;;
+    esac
+    tar -C "$OUT" -cf "$OUT/$s.tar.tmp" "$s" && mv "$OUT/$s.tar.tmp" "$OUT/$s.tar" && rm -rf "${OUT:?}/$s"
+  done
+done
+exit "$status"

@@ -114,6 +114,7 @@ class OpsBot:
             prompts_by_engine=builders,
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
+            answer=s.answer,
         )
         return self.pipeline
 

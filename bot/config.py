@@ -97,6 +97,20 @@ class RetrySettings(ConfigSection):
     """Longest backoff between two tries in seconds."""
     patience_s: float = Field(300.0, gt=0)
     """How long in seconds one call keeps honouring 429 ``Retry-After`` answers before it gives up."""
+    deadline_s: float | None = Field(None, gt=0)
+    """Longest time in seconds one call may take in all: its waits for a rate-budget slot, its tries,
+    backoffs and ``Retry-After`` waits (``None``: bounded by ``max_retries`` and ``patience_s``
+    alone). Past it the call fails like one whose retries ran out."""
+
+
+class PlatformRetrySettings(RetrySettings):
+    """Retry knobs of chat platform calls: as :class:`RetrySettings`, with a deadline by default."""
+
+    deadline_s: float | None = Field(300.0, gt=0)
+    """Longest time in seconds one call may take in all: its waits for a rate-budget slot, its tries,
+    backoffs and ``Retry-After`` waits (as long as the default ``patience_s``, so no call waits on
+    the platform for ever). Past it the call fails like one whose retries ran out; an answer's
+    final text retries failures until this deadline rather than ``max_retries`` times."""
 
 
 class RateLimit(ConfigSection):
@@ -251,9 +265,9 @@ class SlackSettings(AccessSettings):
     channel_post_interval_s: float = Field(1.0, ge=0)
     """Seconds per new post to one channel once its burst (``channel_post_burst``) is spent; a post's
     turn counts from when the previous one completed (0: no per-channel limit)."""
-    retry: RetrySettings = Field(default_factory=RetrySettings)
+    retry: PlatformRetrySettings = Field(default_factory=PlatformRetrySettings)
     """Web API call retries: 429s wait ``Retry-After`` up to ``patience_s``; 5xx and connection
-    errors back off up to ``max_retries`` times."""
+    errors back off up to ``max_retries`` times; no call takes longer than ``deadline_s``."""
     command: str = "/rca"
     """The slash command opsbot answers (as configured in the Slack app)."""
     events_path: str = "/slack/events"
@@ -266,8 +280,10 @@ class SlackSettings(AccessSettings):
     """Socket Mode: a connection whose ping is not answered within this many seconds is replaced
     (a new one is opened first, then the silent one closed): a half-open socket is gone within
     ``socket_ping_interval_s + socket_pong_timeout_s`` plus one connect."""
-    socket_connections: int = Field(1, ge=1, le=10)
-    """Socket Mode connections kept open at once (Slack allows up to 10; events spread over them)."""
+    socket_connections: int = Field(2, ge=2, le=10)
+    """Socket Mode connections kept open at once, at least 2 (Slack allows up to 10 per app and
+    spreads events over them): what Slack routes into a connection that died is redelivered on
+    another after its ack timeout, while the dead one is being replaced."""
     reconnect: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None, max_s=30.0))
     """Socket Mode reconnects (``apps.connections.open`` and the websocket): retried for ever, with
     backoff and jitter."""
@@ -367,9 +383,10 @@ class MattermostSettings(AccessSettings):
     half-open socket sooner)."""
     reconnect: RetrySettings = Field(default_factory=lambda: RetrySettings(max_retries=None, max_s=60.0))
     """Websocket reconnects and the REST catch-up after them (retried for ever, with backoff)."""
-    retry: RetrySettings = Field(default_factory=lambda: RetrySettings(max_s=20.0))
+    retry: PlatformRetrySettings = Field(default_factory=lambda: PlatformRetrySettings(max_s=20.0))
     """REST call retries: 429s wait ``Retry-After`` (else ``X-Ratelimit-Reset``) up to
-    ``patience_s``; 5xx and connection errors back off up to ``max_retries`` times."""
+    ``patience_s``; 5xx and connection errors back off up to ``max_retries`` times; no call takes
+    longer than ``deadline_s``."""
     request_timeout_s: float = Field(30.0, gt=0)
     """Deadline of one REST call (a timeout counts as a connection error and is retried)."""
     channel_post_interval_s: float = Field(0.1, ge=0)
@@ -549,6 +566,17 @@ class ScopeSettings(ConfigSection):
     unmapped: Literal["default", "none"] = "default"
     """A channel outside every scope: ``default`` (any cluster, one named in the question or the
     default one, with its configured namespaces) or ``none`` (no cluster context at all)."""
+
+
+class AnswerSettings(ConfigSection):
+    """Answers in flight."""
+
+    stall_s: float | None = Field(120.0, gt=0)
+    """Watchdog: an answer that made no progress (no engine token, no platform call completed) for
+    this many seconds is failed visibly: a note in its thread where one can be posted, the failed
+    reaction, its request row (status ``stalled``), the claim released. Time the answer waits for
+    the engine does not count (``engine.stall_timeout_s`` and ``engine.request_timeout_s`` bound
+    it). ``None``: no watchdog."""
 
 
 class ThreadSettings(ConfigSection):
@@ -762,6 +790,8 @@ class Settings(BaseSettings):
     """Runbooks as alert context."""
     thread: ThreadSettings = Field(default_factory=ThreadSettings)
     """The chat thread as context."""
+    answer: AnswerSettings = Field(default_factory=AnswerSettings)
+    """Answers in flight (the watchdog)."""
 
     @model_validator(mode="after")
     def _clusters_and_scopes_agree(self) -> Settings:

@@ -3,6 +3,7 @@
     OpsbotError
     ├── ConfigError              bot.config: one line naming the key and the fix
     ├── StoreError               bot.store.db: the database cannot be used (URL masked)
+    ├── AnswerStalled            bot.progress: an answer made no progress for ``answer.stall_s``
     └── PlatformError            a chat platform call failed for good (a reply, an edit, a read)
         ├── PlatformRejected         the platform refused the call itself (4xx or ``ok: false``:
         │                            not_in_channel, channel_not_found, invalid_auth, ...): retrying
@@ -21,6 +22,13 @@ from __future__ import annotations
 
 class OpsbotError(Exception):
     """Base of every error opsbot raises on purpose."""
+
+
+class AnswerStalled(OpsbotError):
+    """The answer watchdog (:mod:`bot.progress`) stopped an answer that made no progress."""
+
+    request_status = "stalled"
+    """The request status the pipeline records."""
 
 
 class PlatformError(OpsbotError):

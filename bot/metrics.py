@@ -170,6 +170,16 @@ CHAT_API_RETRIES = Counter(
 REPLIES_FAILED = Counter(
     "opsbot_replies_failed_total", "Replies that could not be posted after retries", ["platform"]
 )
+RATE_BUDGET_PROBLEMS = Counter(
+    "opsbot_rate_budget_problems_total",
+    "Broken rate-budget rules, each a bug (kind: wait_while_holding, stalled; bot.adapters.ratelimit)",
+    ["budget", "kind"],
+)
+ANSWERS_STALLED = Counter(
+    "opsbot_answers_stalled_total",
+    "Answers failed by the watchdog: no engine token and no platform call completed for answer.stall_s",
+    ["platform"],
+)
 CONTEXT_SOURCE = Counter("opsbot_context_source_total", "Context provider outcomes", ["source", "status"])
 SECRETS_REDACTED = Counter(
     "opsbot_secrets_redacted_total",
@@ -191,6 +201,7 @@ REQUEST_STATUSES = (
     "error",
     "undelivered",
     "throttled",
+    "stalled",
 )
 """Every ``status`` of a request row (``bot.store.RequestRecord.status``)."""
 CHAT_OUTCOMES = ("ok", "ratelimited", "server_error", "connection", "rejected")

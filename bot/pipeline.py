@@ -12,7 +12,8 @@ Every failure ends as a short message in the thread and a request row with its s
 never meets silence, and the store never misses a request. Statuses, one per branch of the error
 trees (``inference.engine`` and :mod:`bot.errors`): ``ok``, ``timeout``, ``aborted``,
 ``overloaded``, ``engine_dead``, ``error`` (the engine could not answer), ``undelivered`` /
-``throttled`` (the platform refused or kept failing).
+``throttled`` (the platform refused or kept failing), ``stalled`` (the answer watchdog,
+:mod:`bot.progress`: nothing moved for ``answer.stall_s``).
 
 The pipeline is the one owner of work in flight: adapters and the Alertmanager receiver hand every
 accepted message to :meth:`Pipeline.submit`, and shutdown waits for all of it in one place
@@ -33,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 from bot import metrics, postmortem
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
-from bot.config import ThreadSettings
+from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
 from bot.context.scope import ChannelRef
 from bot.context.thread import thread_context, thread_failed
-from bot.errors import PlatformError
+from bot.errors import AnswerStalled, PlatformError
 from bot.postmortem import DraftProgress
+from bot.progress import AnswerWatch
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
@@ -98,6 +100,12 @@ NO_THREAD_TEXT = (
 SHUTDOWN_TEXT = (
     ":warning: opsbot is restarting and stopped before this answer was complete; please ask again."
 )
+STALLED_TEXT = (
+    ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
+    "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
+)
+STALLED_NOTE_WAIT_S = 10.0
+"""Seconds a stalled answer's note may take (the platform may be what is stuck)."""
 
 
 class Pipeline:
@@ -117,6 +125,7 @@ class Pipeline:
         prompts_by_engine: Mapping[str, PromptBuilder] | None = None,
         model_names: Mapping[str, str] | None = None,
         urgent_first: UrgentFirst | None = None,
+        answer: AnswerSettings | None = None,
     ) -> None:
         self.engine = engine
         self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
@@ -137,6 +146,8 @@ class Pipeline:
         """How the chat thread is read back as context (``[thread]``)."""
         self.urgent_first = urgent_first or UrgentFirst()
         """Urgent answers first on this event loop, before the engine (``bot.urgency``)."""
+        self.answer = answer or AnswerSettings()
+        """Answers in flight (``[answer]``: the watchdog)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -388,37 +399,43 @@ class Pipeline:
         if not in_thread:  # nothing before the engine depends on the reply's thread yet
             early = asyncio.create_task(self._prepare(message, "", scenario, lane, record, adapter, None))
         prepared: _Prepared | None = None
-        await adapter.acknowledge(message)  # never raises
         try:
-            try:
-                reply = await adapter.open_reply(message)
-            except PlatformError as exc:
-                metrics.REPLIES_FAILED.labels(message.platform).inc()
-                logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
-                record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
-                # Best effort: the asker at least learns why (a command's response URL often still works).
-                with contextlib.suppress(Exception):
-                    await adapter.send_notice(
-                        message, PLACEHOLDER_FAILED_TEXT.format(detail=exc), ephemeral=True
+            async with AnswerWatch(self.answer.stall_s):
+                await adapter.acknowledge(message)  # never raises
+                try:
+                    reply = await adapter.open_reply(message)
+                except PlatformError as exc:
+                    metrics.REPLIES_FAILED.labels(message.platform).inc()
+                    logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
+                    record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
+                    # Best effort: the asker at least learns why (a command's response URL often
+                    # still works).
+                    with contextlib.suppress(Exception):
+                        await adapter.send_notice(
+                            message, PLACEHOLDER_FAILED_TEXT.format(detail=exc), ephemeral=True
+                        )
+                    return
+                record.thread_id = reply.thread_id
+                # From now on messages in the reply's thread are follow-ups, on every worker.
+                moved = reply.thread_id != _claimed_thread(message)  # a /rca starts its own thread
+                self.store.mark_replied(
+                    message.platform,
+                    message.event_id,
+                    message.channel,
+                    reply.thread_id,
+                    moved=moved,
+                    since=message.posted_at,
+                )
+                if early is not None:
+                    prepared = await early
+                else:  # asked in a thread: read back without the placeholder just posted there
+                    own = tuple(reply.posted_ids())
+                    prepared = await self._prepare(
+                        message, reply.thread_id, scenario, lane, record, adapter, own
                     )
-                return
-            record.thread_id = reply.thread_id
-            # From now on messages in the reply's thread are follow-ups, on every worker.
-            moved = reply.thread_id != _claimed_thread(message)  # a /rca starts its own thread
-            self.store.mark_replied(
-                message.platform,
-                message.event_id,
-                message.channel,
-                reply.thread_id,
-                moved=moved,
-                since=message.posted_at,
-            )
-            if early is not None:
-                prepared = await early
-            else:  # asked in a thread: read back without the placeholder just posted there
-                own = tuple(reply.posted_ids())
-                prepared = await self._prepare(message, reply.thread_id, scenario, lane, record, adapter, own)
-            await self._answer_into(message, reply, scenario, record, adapter, prepared, hold)
+                await self._answer_into(message, reply, scenario, record, adapter, prepared, hold)
+        except AnswerStalled as exc:
+            await self._stalled(message, adapter, reply, record, exc)
         except asyncio.CancelledError:
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
@@ -431,6 +448,30 @@ class Pipeline:
             _discard(early, prepared)  # an engine request nobody will read is aborted
             await self._finish_record(record, message)
             await adapter.conclude(message, ok=record.status == "ok")
+
+    async def _stalled(
+        self,
+        message: IncomingMessage,
+        adapter: ChatAdapter,
+        reply: ReplyStream | None,
+        record: RequestRecord,
+        exc: AnswerStalled,
+    ) -> None:
+        """The watchdog gave the answer up: stop its reply, count and log it, and tell the asker in
+        the thread where the platform still takes a note (within ``STALLED_NOTE_WAIT_S``)."""
+        metrics.ANSWERS_STALLED.labels(message.platform).inc()
+        logger.error("request %s: answer stopped by the watchdog: %s", message.request_id, exc)
+        record.status, record.error = exc.request_status, str(exc)[:500]
+        if reply is not None:
+            reply.abandon()
+            message = _in_thread(message, reply)
+        text = STALLED_TEXT.format(seconds=self.answer.stall_s or 0)
+        try:
+            await asyncio.wait_for(adapter.send_notice(message, text), STALLED_NOTE_WAIT_S)
+        except (PlatformError, TimeoutError) as note_failed:
+            logger.warning(
+                "request %s: the stall note could not be posted: %s", message.request_id, note_failed
+            )
 
     async def _prepare(
         self,

@@ -13,16 +13,24 @@ The rules:
 - Everything else (a 4xx that says the request itself is wrong) is not retried: the caller
   raises at once.
 
+- **A deadline bounds the whole call** where one is set (``deadline_s``): rate-budget waits, tries,
+  backoffs and ``Retry-After`` waits together (:meth:`RetryBudget.remaining_s`); a retry that would
+  start past it gives up instead. Calls made inside :func:`until_deadline` (an answer's final
+  delivery: the answer is lost if it gives up) retry failures until that deadline rather than
+  ``max_retries`` times.
+
 The knobs have one shape everywhere (:class:`bot.config.RetrySettings`: ``max_retries``,
-``initial_s``, ``max_s``, ``patience_s``) in ``[slack.retry]``, ``[mattermost.retry]``,
+``initial_s``, ``max_s``, ``patience_s``, ``deadline_s``) in ``[slack.retry]``, ``[mattermost.retry]``,
 ``[mattermost.reconnect]``, ``[slack.reconnect]`` and ``[store.retry]``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
@@ -44,10 +52,30 @@ class RetryKnobs(Protocol):
     def max_s(self) -> float: ...
     @property
     def patience_s(self) -> float: ...
+    @property
+    def deadline_s(self) -> float | None: ...
+
+
+_UNTIL_DEADLINE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "opsbot_retry_until_deadline", default=False
+)
+
+
+@contextlib.contextmanager
+def until_deadline() -> Iterator[None]:
+    """Calls started in this block (by this task) retry 5xx, timeouts and connection errors until
+    their policy's ``deadline_s`` instead of ``max_retries`` times (a policy without a deadline
+    keeps its ``max_retries``)."""
+    token = _UNTIL_DEADLINE.set(True)
+    try:
+        yield
+    finally:
+        _UNTIL_DEADLINE.reset(token)
 
 
 class RetriesExhausted(Exception):
-    """The policy says give up: ``max_retries`` failures, or rate limited past ``patience_s``.
+    """The policy says give up: ``max_retries`` failures, rate limited past ``patience_s``, or the
+    next try would start past ``deadline_s`` (reported with the reason of the failure at hand).
 
     ``reason`` is ``"failures"`` or ``"rate_limited"``; the message says how many / how long.
     """
@@ -122,19 +150,42 @@ class RetryBudget:
         self.rate_limits = 0
         """429s since the start or the last :meth:`reset`."""
         self._limited_since: float | None = None
+        self._started = clock()
+        self._max_failures = (
+            None if _UNTIL_DEADLINE.get() and policy.deadline_s is not None else policy.max_retries
+        )
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the policy's ``deadline_s`` (never negative; ``None``: no deadline)."""
+        deadline = self.policy.deadline_s
+        if deadline is None:
+            return None
+        return max(0.0, deadline - (self._clock() - self._started))
+
+    def _within_deadline(self, delay: float, reason: str, detail: str) -> None:
+        left = self.remaining_s()
+        if left is not None and delay >= left:
+            raise RetriesExhausted(
+                reason,
+                f"{detail or 'failed'}: gave up after {self._clock() - self._started:.0f} s "
+                f"(deadline {self.policy.deadline_s:g} s)",
+            )
 
     def reset(self) -> None:
-        """A try succeeded: the next failure starts from the first backoff again."""
+        """A try succeeded: the next failure starts from the first backoff again (and a loop's
+        deadline from now)."""
         self.failures = 0
         self.rate_limits = 0
         self._limited_since = None
+        self._started = self._clock()
 
     def after_failure(self, detail: str = "") -> float:
         """A 5xx, timeout or connection error: the backoff before the next try."""
-        limit = self.policy.max_retries
+        limit = self._max_failures
         if limit is not None and self.failures >= limit:
             raise RetriesExhausted("failures", f"{detail or 'failed'} after {self.failures} retries".strip())
         delay = backoff_delay(self.failures, self.policy.initial_s, self.policy.max_s, self._rng)
+        self._within_deadline(delay, "failures", detail)
         self.failures += 1
         return delay
 
@@ -154,6 +205,7 @@ class RetryBudget:
             raise RetriesExhausted(
                 "rate_limited", f"{detail or 'rate limited'}: still rate limited after {waited:.0f} s"
             )
+        self._within_deadline(delay, "rate_limited", detail)
         self.rate_limits += 1
         return delay
 

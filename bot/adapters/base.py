@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -86,6 +87,13 @@ class Housekeeping:
             logger.info("%s: %d housekeeping job(s) dropped at close", self.name, self._queue.qsize())
 
 
+def cancel_pending(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel each of ``tasks`` that is still running (a reply's edit loop, a call in flight)."""
+    for task in tasks:
+        if task is not None and not task.done():
+            task.cancel()
+
+
 class ReplyStream(abc.ABC):
     """One answer being streamed into a thread."""
 
@@ -121,6 +129,11 @@ class ReplyStream(abc.ABC):
         """Platform ids of the messages this answer has posted so far (its placeholder): a thread
         read back for this answer leaves them out. Default: none known."""
         return ()
+
+    def abandon(self) -> None:
+        """The answer was given up (the watchdog, :mod:`bot.progress`): stop any background work
+        (edits, a call in flight). Default: nothing runs in the background."""
+        return None
 
 
 class ChatAdapter(abc.ABC):

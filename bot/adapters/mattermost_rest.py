@@ -5,9 +5,11 @@ loop that streams every answer; this client speaks the same endpoints asynchrono
 carry the server's error body (``id``, ``message``, ``request_id``, ``status_code``) and belong to
 :mod:`bot.errors`' tree (:class:`MattermostAPIError` and its branch subclasses).
 
-Every call first takes a slot of the bot account's rate budget (:mod:`bot.adapters.ratelimit`:
+Every try first takes a slot of the bot account's rate budget (:mod:`bot.adapters.ratelimit`:
 the server limits requests per user, 10 per second by default, and new posts per channel), in the
-order of the caller's :class:`~bot.adapters.ratelimit.Ticket` (final answers first).
+order of the caller's :class:`~bot.adapters.ratelimit.Ticket` (final answers first); a slot the
+caller already waited for (``prepaid``) pays for the first try, and no try holds a slot while it
+backs off. ``retry.deadline_s`` bounds the whole call, slot waits included.
 
 Retries (``mattermost.retry``): a 429 waits ``Retry-After`` (else ``X-Ratelimit-Reset``), never
 less, for as long as ``patience_s`` allows and without counting against ``max_retries``; the wait
@@ -30,7 +32,14 @@ from typing import Any
 
 import aiohttp
 
-from bot.adapters.ratelimit import ALL_CALLS, RateBudget
+from bot.adapters.ratelimit import (
+    ALL_CALLS,
+    STALL_AFTER_S,
+    BudgetStalled,
+    BudgetTimeout,
+    Permit,
+    RateBudget,
+)
 from bot.config import MattermostSettings, RetrySettings
 from bot.errors import (
     PlatformError,
@@ -40,6 +49,7 @@ from bot.errors import (
     platform_branch,
 )
 from bot.metrics import CHAT_API_RETRIES, count_chat_call
+from bot.progress import note_progress
 from bot.retry import RetriesExhausted, RetryBudget, retry_after_from_headers
 
 logger = logging.getLogger(__name__)
@@ -162,6 +172,8 @@ class MattermostRest:
             {ALL_CALLS: settings.rate_limit},
             channel_limits={"POST /posts": (settings.channel_post_interval_s, settings.channel_post_burst)},
             enabled=settings.rate_budgets,
+            name=PLATFORM,
+            stall_after_s=max(STALL_AFTER_S, 2 * settings.request_timeout_s),
         )
         self.base_url = f"{settings.scheme}://{settings.url}:{settings.port}{settings.basepath.rstrip('/')}"
         self.server_url = f"{settings.scheme}://{settings.url}:{settings.port}"
@@ -218,8 +230,8 @@ class MattermostRest:
 
         Retries under ``mattermost.retry`` (``retries`` / ``patience_s`` override its
         ``max_retries`` / ``patience_s`` for one call); raises :class:`MattermostAPIError` when the
-        server refuses the call or the policy gives up, and
-        :class:`~bot.adapters.ratelimit.BudgetTimeout` when no budget slot came within
+        server refuses the call or the policy gives up (its ``deadline_s`` included), and
+        :class:`~bot.adapters.ratelimit.BudgetTimeout` when no budget slot came within the caller's
         ``max_wait_s``. A slash command's ``response_url`` (``url``) is outside the budget. ``form``
         builds a multipart body (a new one for every try: a sent body cannot be resent).
         """
@@ -236,12 +248,13 @@ class MattermostRest:
             wait: float | None = None
             permit = None
             if url is None:
-                permit = await self.budget.acquire(label, channel or None, max_wait_s=max_wait_s)
+                permit = await self._slot(label, channel or None, max_wait_s, budget, method, path)
             try:
                 client = session or self.session
                 data = form() if form is not None else None
                 async with client.request(method, target, json=json, params=params, data=data) as resp:
                     raw = await resp.read()
+                    note_progress()  # the server answered (whatever it said): the answer moves
                     count_chat_call(PLATFORM, label, _call_outcome(resp.status))
                     if resp.status < 400:
                         if not raw or resp.content_type != "application/json":
@@ -282,6 +295,28 @@ class MattermostRest:
             )
             if reason != "429":  # a 429's wait is the budget's hold
                 await asyncio.sleep(delay)
+
+    async def _slot(
+        self,
+        label: str,
+        channel: str | None,
+        max_wait_s: float | None,
+        retry: RetryBudget,
+        method: str,
+        path: str,
+    ) -> Permit:
+        """A budget slot for one try: within the caller's ``max_wait_s`` (its
+        :class:`~bot.adapters.ratelimit.BudgetTimeout` is the caller's to handle), else within what
+        is left of the call's deadline (past it, or when no slot can come, the call fails)."""
+        if max_wait_s is not None:
+            return await self.budget.acquire(label, channel, max_wait_s=max_wait_s)
+        try:
+            return await self.budget.acquire(label, channel, max_wait_s=retry.remaining_s())
+        except BudgetStalled as exc:
+            raise mattermost_error(method, path, None, str(exc), exhausted="failures") from None
+        except BudgetTimeout:
+            message = f"no rate-budget slot before the call's deadline ({retry.policy.deadline_s:g} s)"
+            raise mattermost_error(method, path, None, message, exhausted="failures") from None
 
     # -- endpoints ------------------------------------------------------------------------------
     async def me(self) -> dict[str, Any]:

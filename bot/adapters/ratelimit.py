@@ -20,6 +20,20 @@ hold up others that are free to go (work-conserving).
 **Retry-After.** :meth:`RateBudget.hold` stops a method (or, with ``"*"``, everything) for the
 whole app until the server's ``Retry-After`` has passed: after one 429 no call of that method
 starts early, whichever stream or channel it is for. Holds apply even when budgets are turned off.
+
+**No task waits for a token while holding one of the same bucket.** A caller that waited for its
+slot first (a streaming reply takes its slot, then the newest text) passes the permit down with
+:func:`prepaid`; the transport's first try spends it (:meth:`RateBudget.acquire` takes a passed
+permit of its method before anything else) and releases it when that try completes; retries and
+their backoff queue again and hold nothing while they sleep. So every platform call is charged
+exactly once, and no call can wait for a bucket its own caller keeps full: three answers each
+holding a token of a channel's burst of 3 while their transports asked for a fourth waited for
+ever (issue 42). Two guards report what breaks the rule anyway, as bugs (an ERROR log line and
+``opsbot_rate_budget_problems_total``): a wait that starts while a passed permit of another method
+on the same bucket is still unspent (``kind="wait_while_holding"``), and a wait that cannot end
+because its bucket is full of calls and none completed for ``stall_after_s``
+(``kind="stalled"``): those waits fail with :class:`BudgetStalled` instead of hanging, which ends
+their calls and frees whatever their callers hold.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.config import RateLimit
+from bot.metrics import RATE_BUDGET_PROBLEMS
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +120,7 @@ def prepaid(permit: Permit | None) -> Iterator[None]:
         _PREPAID.reset(token)
 
 
-def take_prepaid(method: str) -> Permit | None:
+def _take_prepaid(method: str) -> Permit | None:
     """The permit :func:`prepaid` left for a call of ``method``, once (a retry queues again)."""
     permit = _PREPAID.get()
     if permit is None or permit.method != method or permit.released:
@@ -125,6 +140,16 @@ def release_when_done(permit: Permit) -> Callable[[asyncio.Future[Any]], None]:
 
 class BudgetTimeout(Exception):
     """No slot within the caller's ``max_wait_s`` (the call was not made)."""
+
+
+class BudgetStalled(BudgetTimeout):
+    """No slot can come: the bucket is full of calls in flight and none completed for the budget's
+    ``stall_after_s`` (a bug the budget reports; the call was not made)."""
+
+
+STALL_AFTER_S = 120.0
+"""Default :class:`RateBudget` ``stall_after_s``: well above the longest single try of a platform
+call (each try has its own HTTP timeout, 30 s by default on both platforms)."""
 
 
 class _Bucket:
@@ -167,9 +192,11 @@ class _Waiter:
     priority: int
     since: float
     seq: int
+    method: str = field(compare=False)
     buckets: tuple[_Bucket, ...] = field(compare=False)
     holds: tuple[str, ...] = field(compare=False)
     deadline: float | None = field(compare=False)
+    queued_at: float = field(compare=False)
     future: asyncio.Future[None] = field(compare=False)
 
 
@@ -205,6 +232,9 @@ class RateBudget:
     ``limits``: app-wide budget per method name (``"*"``: every call). ``channel_limits``: per-channel
     budget per method as ``(refill seconds, burst)`` (``chat.postMessage``: one per second, a burst
     of 3). ``enabled=False`` keeps only the ``Retry-After`` holds (benchmarks without budgets).
+    ``name`` labels the budget's log lines and metrics (the platform); ``stall_after_s``: a wait
+    whose bucket is full of calls none of which completed for this long fails (see the module
+    docstring).
     """
 
     def __init__(
@@ -213,9 +243,13 @@ class RateBudget:
         *,
         channel_limits: Mapping[str, tuple[float, int]] | None = None,
         enabled: bool = True,
+        name: str = "chat",
+        stall_after_s: float = STALL_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.enabled = enabled
+        self.name = name
+        self.stall_after_s = stall_after_s
         self.clock = clock
         self._method_limits = dict(limits or {}) if enabled else {}
         self._channel_limits = {k: v for k, v in (channel_limits or {}).items() if enabled and v[0] > 0}
@@ -227,6 +261,11 @@ class RateBudget:
         self._timer: asyncio.TimerHandle | None = None
         self.granted: dict[str, int] = {}
         """Slots granted per method (for tests and logs)."""
+        self.stalled = 0
+        """Waits failed with :class:`BudgetStalled` (for tests and logs)."""
+        self._moved_at = clock()
+        """When a slot was last granted or released: a bucket full of calls waits for a release."""
+        self._reported: set[tuple[str, str]] = set()
 
     # -- asking ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -241,11 +280,10 @@ class RateBudget:
         """Wait for a slot for one call of ``method`` (to ``channel``), make the call inside the block
         (a permit the caller left with :func:`prepaid` is used instead of waiting again).
 
-        Raises :class:`BudgetTimeout` when no slot came within ``max_wait_s``.
+        Raises :class:`BudgetTimeout` when no slot came within ``max_wait_s``, :class:`BudgetStalled`
+        when none can come.
         """
-        permit = take_prepaid(method) or await self.acquire(
-            method, channel, ticket=ticket, max_wait_s=max_wait_s
-        )
+        permit = await self.acquire(method, channel, ticket=ticket, max_wait_s=max_wait_s)
         try:
             yield permit
         finally:
@@ -259,18 +297,26 @@ class RateBudget:
         ticket: Ticket | None = None,
         max_wait_s: float | None = None,
     ) -> Permit:
-        """:meth:`slot` without the block: the caller must :meth:`Permit.release` the permit."""
+        """:meth:`slot` without the block: the caller must :meth:`Permit.release` the permit.
+
+        A permit of ``method`` the caller passed down with :func:`prepaid` is returned at once,
+        spent (a retry of the same call queues again)."""
+        passed = _take_prepaid(method)
+        if passed is not None:
+            return passed
         t = ticket or current_ticket()
         now = self.clock()
         buckets = self._buckets_for(method, channel)
-        holds = (method, ALL_CALLS)
+        self._check_not_holding(method, buckets)
         waiter = _Waiter(
             priority=int(t.priority),
             since=now if t.since is None else t.since,
             seq=next(self._seq),
+            method=method,
             buckets=buckets,
-            holds=holds,
+            holds=(method, ALL_CALLS),
             deadline=None if max_wait_s is None else now + max_wait_s,
+            queued_at=now,
             future=asyncio.get_running_loop().create_future(),
         )
         self._waiters.append(waiter)
@@ -283,10 +329,39 @@ class RateBudget:
             else:
                 self._forget(waiter)
             raise
+        except BudgetStalled:
+            raise BudgetStalled(
+                f"{self.name} rate budget: no {method} slot can come (its bucket is full of calls and "
+                f"none completed for {self.stall_after_s:g} s)"
+            ) from None
         except BudgetTimeout:
             raise BudgetTimeout(f"no {method} slot within {max_wait_s:.1f} s") from None
         self.granted[method] = self.granted.get(method, 0) + 1
         return Permit(self, method, buckets, self.clock() - now)
+
+    def _check_not_holding(self, method: str, buckets: tuple[_Bucket, ...]) -> None:
+        """Report a wait that starts while the caller still holds an unspent permit on one of the
+        same buckets (the rule in the module docstring): it can wait for its own token."""
+        held = _PREPAID.get()
+        if held is None or held.released or held._budget is not self:
+            return
+        if not set(held._buckets) & set(buckets):
+            return
+        self._report(
+            "wait_while_holding",
+            (method, held.method),
+            "a %s call waits for a slot while its caller holds an unspent %s permit of the same "
+            "bucket (it may wait for its own token)",
+            method,
+            held.method,
+        )
+
+    def _report(self, kind: str, key: tuple[str, str], message: str, *args: object) -> None:
+        """A broken budget rule: an ERROR line (once per ``key``) and the problem counter (always)."""
+        RATE_BUDGET_PROBLEMS.labels(self.name, kind).inc()
+        if key not in self._reported:
+            self._reported.add(key)
+            logger.error("%s rate budget: %s", self.name, message % args)
 
     def hold(self, method: str, seconds: float) -> None:
         """Nothing of ``method`` (``"*"``: nothing at all) starts within ``seconds`` (a Retry-After)."""
@@ -360,6 +435,7 @@ class RateBudget:
 
     def _release(self, buckets: tuple[_Bucket, ...]) -> None:
         now = self.clock()
+        self._moved_at = now
         for bucket in buckets:
             bucket.give_back(now)
         self._dispatch()
@@ -386,6 +462,7 @@ class RateBudget:
                         bucket.take()
                     self._waiters.remove(waiter)
                     waiter.future.set_result(None)
+                    self._moved_at = now
                     granted = True
                     break  # buckets changed: look again from the best waiter
         wake: float | None = None
@@ -394,9 +471,35 @@ class RateBudget:
                 self._waiters.remove(waiter)
                 waiter.future.set_exception(BudgetTimeout())
                 continue
-            for at in (self._ready_at(waiter), waiter.deadline):
+            ready = self._ready_at(waiter)
+            stuck_at = None
+            if ready is None:  # its bucket is full of calls: only a release can wake it
+                stuck_at = max(self._moved_at, waiter.queued_at) + self.stall_after_s
+                if stuck_at <= now:
+                    self._stalled(waiter, now)
+                    continue
+            for at in (ready, waiter.deadline, stuck_at):
                 if at is not None and (wake is None or at < wake):
                     wake = at
         if wake is not None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, wake - now), self._dispatch)
+
+    def _stalled(self, waiter: _Waiter, now: float) -> None:
+        """Fail a wait that cannot end (see the module docstring): no call of its full bucket
+        completed for ``stall_after_s``."""
+        self._waiters.remove(waiter)
+        self.stalled += 1
+        full = [b for b in waiter.buckets if b.ready_at() is None]
+        self._report(
+            "stalled",
+            ("stalled", waiter.method),
+            "a %s call waited %.0f s for a slot that cannot come: %d call(s) in flight fill its "
+            "bucket and none completed for %.0f s; failing the wait (a bug: some caller holds its "
+            "permit while it waits, or a call never ends)",
+            waiter.method,
+            now - waiter.queued_at,
+            max((b.in_flight for b in full), default=0),
+            now - self._moved_at,
+        )
+        waiter.future.set_exception(BudgetStalled())

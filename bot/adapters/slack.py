@@ -41,7 +41,7 @@ import time
 import urllib.parse
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +60,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.access import AccessPolicy, slack_author
-from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
+from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream, cancel_pending
 from bot.adapters.ratelimit import (
+    STALL_AFTER_S,
+    BudgetStalled,
     BudgetTimeout,
     Priority,
     RateBudget,
@@ -92,7 +94,14 @@ from bot.errors import (
 from bot.http import accepts
 from bot.logs import request_scope
 from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
-from bot.retry import RetriesExhausted, RetryBudget, RetryKnobs, retry_after_from_headers
+from bot.progress import note_progress
+from bot.retry import (
+    RetriesExhausted,
+    RetryBudget,
+    RetryKnobs,
+    retry_after_from_headers,
+    until_deadline,
+)
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote, ThreadPost, ThreadRead
 
 if TYPE_CHECKING:
@@ -265,7 +274,7 @@ class SlackWebClient(AsyncWebClient):
         budget = RetryBudget(_POLICY.get() or self.retry_policy)
         first_try_wall = time.time()
         while True:
-            async with self.rate_budget.slot(api_method, channel):
+            async with self._try_slot(api_method, channel, budget):
                 try:
                     response = await super().api_call(
                         api_method,
@@ -277,9 +286,11 @@ class SlackWebClient(AsyncWebClient):
                         headers=headers,
                         auth=auth,
                     )
+                    note_progress()  # Slack answered: the answer moves
                     count_chat_call(PLATFORM, api_method, "ok")
                     return response
                 except SlackApiError as exc:
+                    note_progress()  # an error answer is an answer too (no hang)
                     status = exc.response.status_code
                     body = exc.response.data
                     error = str(body.get("error", "")) if isinstance(body, dict) else ""
@@ -356,6 +367,24 @@ class SlackWebClient(AsyncWebClient):
             )
             if reason != "ratelimited":  # a 429's wait is the budget's hold on the method
                 await asyncio.sleep(delay)
+
+    @contextlib.asynccontextmanager
+    async def _try_slot(
+        self, api_method: str, channel: str | None, retry: RetryBudget
+    ) -> AsyncIterator[None]:
+        """A budget slot for one try (a permit the caller passed pays for the first) within what is
+        left of the call's deadline; past it, or when no slot can come, the call fails."""
+        try:
+            permit = await self.rate_budget.acquire(api_method, channel, max_wait_s=retry.remaining_s())
+        except BudgetStalled as exc:
+            raise slack_error(api_method, str(exc), http_status=None, exhausted="failures") from None
+        except BudgetTimeout:
+            detail = f"no rate-budget slot before the call's deadline ({retry.policy.deadline_s:g} s)"
+            raise slack_error(api_method, detail, http_status=None, exhausted="failures") from None
+        try:
+            yield
+        finally:
+            permit.release()
 
     async def _already_posted(self, args: Mapping[str, Any], since_wall: float) -> dict[str, Any] | None:
         """The message a failed ``chat.postMessage`` stored after all, found by its metadata tag."""
@@ -606,6 +635,10 @@ class _NativeRendering(ReplyStream):
         if delta and self.first_visible_at is None:
             self.first_visible_at = time.perf_counter()
 
+    def abandon(self) -> None:
+        self._closed = True
+        cancel_pending(self._editor, self._in_flight)
+
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
         if self._editor is not None:
@@ -623,7 +656,8 @@ class _NativeRendering(ReplyStream):
         tag = self._adapter.post_tag(answer.request_id)
         first = chunks[0]
         streamed = self._broken is None and first.startswith(self._sent)
-        with ticket(Priority.FINAL):
+        # The final text is the answer: its calls go first and retry until their deadline.
+        with ticket(Priority.FINAL), until_deadline():
             wait = self._last_append + self.edit_interval_s - time.monotonic()
             if streamed and wait > 0:  # the last piece respects the message's edit rate too
                 await asyncio.sleep(wait)
@@ -747,6 +781,10 @@ class SlackReply(ReplyStream):
     def posted_ids(self) -> Sequence[str]:
         return self._rendering.posted_ids() if self._rendering is not None else ()
 
+    def abandon(self) -> None:
+        if self._rendering is not None:
+            self._rendering.abandon()
+
 
 class SlackAdapter(ChatAdapter):
     """opsbot on Slack, in Socket Mode or HTTP mode as ``settings.mode`` says."""
@@ -766,6 +804,8 @@ class SlackAdapter(ChatAdapter):
                 "chat.postMessage": (settings.channel_post_interval_s, settings.channel_post_burst)
             },
             enabled=settings.rate_budgets,
+            name=PLATFORM,
+            stall_after_s=STALL_AFTER_S,
         )
         self.client = SlackWebClient(
             token=settings.bot_token.get_secret_value(),

@@ -15,12 +15,13 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bot.adapters.base import ReplyStream
+from bot.adapters.base import ReplyStream, cancel_pending
 from bot.adapters.ratelimit import Priority, RateBudget, Ticket, prepaid, release_when_done, ticket
+from bot.retry import until_deadline
 from bot.types import FinalAnswer
 
 logger = logging.getLogger(__name__)
@@ -190,22 +191,6 @@ def _pack(text: str, lines: list[tuple[int, int]], limit: int) -> list[tuple[int
     return out
 
 
-class ChannelPacer:
-    """Keeps new posts to one channel at least ``interval_s`` apart: a per-channel bucket of one of
-    :mod:`bot.adapters.ratelimit` (the next post starts ``interval_s`` after the previous one
-    *completed*, so the platform never sees two closer together)."""
-
-    def __init__(self, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self._budget = RateBudget(channel_limits={"post": (interval_s, 1)}, clock=clock)
-
-    @contextlib.asynccontextmanager
-    async def turn(self, channel: str) -> AsyncIterator[None]:
-        """Wait for ``channel``'s turn, then hold it while the caller posts."""
-        async with self._budget.slot("post", channel):
-            yield
-
-
 class StreamingReply(ReplyStream):
     """A streamed answer as a message that is edited, then split into final messages.
 
@@ -234,7 +219,6 @@ class StreamingReply(ReplyStream):
         thread_id: str,
         limit: int,
         edit_interval_s: float = 1.0,
-        pacer: ChannelPacer | None = None,
         budget: RateBudget | None = None,
         placeholder: str = "_thinking…_",
         post_placeholder: bool = True,
@@ -244,7 +228,6 @@ class StreamingReply(ReplyStream):
         self._thread_id = thread_id
         self.limit = limit
         self.edit_interval_s = edit_interval_s
-        self.pacer = pacer
         self.budget = budget
         self.placeholder = placeholder
         self.post_placeholder = post_placeholder
@@ -292,7 +275,7 @@ class StreamingReply(ReplyStream):
         if not self.post_placeholder:
             return
         with ticket(Priority.ACK):
-            message_id = await self._paced_post(self.placeholder, None)
+            message_id = await self._post(self.placeholder, None)
         self.message_ids.append(message_id)
         # The edit interval paces the answer's text: the first words replace the placeholder as
         # soon as they exist (the app-wide edit budget still holds), later edits wait their turn.
@@ -367,7 +350,7 @@ class StreamingReply(ReplyStream):
                 self._last_edit = self.clock()
 
     async def _post_first(self, text: str) -> None:
-        self.message_ids.append(await self._paced_post(text, None))
+        self.message_ids.append(await self._post(text, None))
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
@@ -384,24 +367,25 @@ class StreamingReply(ReplyStream):
             self._last_edit = self.clock()
         chunks = split_text(self._format(answer.text) or "_(empty answer)_", self._final_limit(answer))
         last = len(chunks) - 1
-        with ticket(Priority.FINAL):
+        # The final text is the answer: its calls go first and retry until their deadline.
+        with ticket(Priority.FINAL), until_deadline():
             if self.message_ids:
                 wait = self._last_edit + self.edit_interval_s - self.clock()
                 if wait > 0:  # the final edit respects the per-message edit rate too
                     await asyncio.sleep(wait)
                 await self._edit(self.message_ids[0], chunks[0], answer if last == 0 else None)
             else:  # nothing shown yet: the first message is posted complete
-                self.message_ids.append(await self._paced_post(chunks[0], answer if last == 0 else None))
+                self.message_ids.append(await self._post(chunks[0], answer if last == 0 else None))
             if self.first_visible_at is None:
                 self.first_visible_at = time.perf_counter()
             for i, chunk in enumerate(chunks[1:], start=1):
-                self.message_ids.append(await self._paced_post(chunk, answer if i == last else None))
+                self.message_ids.append(await self._post(chunk, answer if i == last else None))
 
-    async def _paced_post(self, text: str, final: FinalAnswer | None) -> str:
-        if self.pacer is None:
-            return await self._post(text, final)
-        async with self.pacer.turn(self.channel):
-            return await self._post(text, final)
+    def abandon(self) -> None:
+        """Stop the edits and a call in flight of an answer given up (the watchdog): their permits
+        are released as they end."""
+        self._closed = True
+        cancel_pending(self._editor, self._in_flight)
 
 
 def format_footer_line(answer: FinalAnswer) -> str:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bot.adapters.ratelimit import BudgetTimeout, Priority, RateBudget, Ticket, prepaid, take_prepaid
+from bot.adapters.ratelimit import BudgetStalled, BudgetTimeout, Priority, RateBudget, Ticket, prepaid
 from bot.config import RateLimit
 
 
@@ -149,10 +149,69 @@ async def test_spare_counts_waiters_and_promised_calls() -> None:
 
 
 async def test_a_prepaid_permit_is_used_once_for_its_method() -> None:
-    budget = RateBudget({"m": RateLimit(per_minute=60, burst=2)})
+    budget = RateBudget({"m": RateLimit(per_minute=60, burst=1), "other": RateLimit(per_minute=60, burst=2)})
     permit = await budget.acquire("m")
     with prepaid(permit):
-        assert take_prepaid("other") is None
-        assert take_prepaid("m") is permit
-        assert take_prepaid("m") is None
+        other = await budget.acquire("other")
+        assert other is not permit
+        assert await budget.acquire("m") is permit  # spent: the call's first try
+        with pytest.raises(BudgetTimeout):  # a retry queues again (the bucket's burst is used up)
+            await budget.acquire("m", max_wait_s=0.05)
+    other.release()
     permit.release()
+
+
+def _problems(kind: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("opsbot_rate_budget_problems_total", {"budget": "test", "kind": kind})
+        or 0.0
+    )
+
+
+async def test_a_wait_whose_full_bucket_never_frees_fails_as_stalled_and_is_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budget = RateBudget(
+        channel_limits={"post": (0.01, 2)}, name="test", stall_after_s=0.2
+    )  # a burst of 2 per channel
+    held = [await budget.acquire("post", "C1") for _ in range(2)]  # never released: a bug
+    before = _problems("stalled")
+    started = time.monotonic()
+    with pytest.raises(BudgetStalled):
+        await budget.acquire("post", "C1")
+    assert 0.2 <= time.monotonic() - started < 1.0  # failed, not hung
+    with pytest.raises(BudgetStalled):  # a later wait gets its own stall time, then fails too
+        await budget.acquire("post", "C1")
+    assert budget.stalled == 2 and _problems("stalled") == before + 2
+    assert len([r for r in caplog.records if r.levelname == "ERROR" and "cannot come" in r.getMessage()]) == 1
+    other = await budget.acquire("post", "C2")  # other channels were never blocked
+    for permit in (*held, other):
+        permit.release()
+    (await budget.acquire("post", "C1")).release()  # released: the channel works again
+
+
+async def test_a_bucket_full_of_calls_that_complete_is_no_stall() -> None:
+    budget = RateBudget(channel_limits={"post": (0.01, 1)}, name="test", stall_after_s=0.15)
+
+    async def call() -> None:
+        async with budget.slot("post", "C1"):
+            await asyncio.sleep(0.05)  # each call completes well within the stall time
+
+    await asyncio.gather(*(call() for _ in range(10)))  # ten calls in a row take ~0.5 s in all
+    assert budget.stalled == 0
+
+
+async def test_waiting_while_holding_an_unspent_permit_of_the_same_bucket_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budget = RateBudget({"*": RateLimit(per_minute=600, burst=5)}, name="test")
+    before = _problems("wait_while_holding")
+    permit = await budget.acquire("POST /posts")
+    with prepaid(permit):
+        (await budget.acquire("GET /users/me")).release()  # another method on the same "*" bucket
+        assert await budget.acquire("POST /posts") is permit  # the passed permit pays, no report
+    permit.release()
+    assert _problems("wait_while_holding") == before + 1
+    assert any("unspent POST /posts permit" in r.getMessage() for r in caplog.records)

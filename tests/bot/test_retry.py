@@ -14,6 +14,7 @@ from bot.retry import (
     backoff_delay,
     parse_retry_after,
     retry_after_from_headers,
+    until_deadline,
 )
 
 
@@ -76,3 +77,42 @@ def test_a_reset_budget_starts_from_the_first_backoff_and_unset_max_retries_neve
     assert max(delays) <= 64 and budget.failures == 200
     budget.reset()
     assert budget.after_failure() <= 1.0
+
+
+def test_a_deadline_ends_retries_and_rate_limit_waits_that_would_start_after_it() -> None:
+    now = [0.0]
+    budget = RetryBudget(
+        RetrySettings(max_retries=None, initial_s=1.0, max_s=8.0, deadline_s=10.0),
+        rng=random.Random(1),
+        clock=lambda: now[0],
+    )
+    assert budget.remaining_s() == 10.0
+    waited = 0.0
+    with pytest.raises(RetriesExhausted) as gave_up:
+        while True:
+            delay = budget.after_failure("HTTP 500")
+            waited += delay
+            now[0] = waited
+    assert gave_up.value.reason == "failures" and "deadline 10 s" in str(gave_up.value)
+    assert waited < 10.0 and budget.remaining_s() == pytest.approx(10.0 - waited)
+    limited = RetryBudget(RetrySettings(deadline_s=5.0), clock=lambda: 0.0)
+    with pytest.raises(RetriesExhausted) as throttled:
+        limited.after_rate_limit(6.0)  # patience (300 s) would allow it; the deadline does not
+    assert throttled.value.reason == "rate_limited"
+    assert RetryBudget(RetrySettings()).remaining_s() is None  # no deadline: none left to count
+
+
+def test_inside_until_deadline_failures_retry_until_the_deadline_not_max_retries() -> None:
+    policy = RetrySettings(max_retries=1, initial_s=0.01, max_s=0.01, deadline_s=60.0)
+    with until_deadline():
+        budget = RetryBudget(policy, clock=lambda: 0.0)
+    for _ in range(50):
+        budget.after_failure()  # max_retries = 1 no longer applies
+    outside = RetryBudget(policy)
+    outside.after_failure()
+    with pytest.raises(RetriesExhausted):
+        outside.after_failure()
+    with until_deadline():  # without a deadline the policy keeps its max_retries
+        bounded = RetryBudget(RetrySettings(max_retries=0))
+    with pytest.raises(RetriesExhausted):
+        bounded.after_failure()

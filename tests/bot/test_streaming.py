@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from bot.adapters.streaming import ChannelPacer, StreamingReply, format_footer_line, split_text
+from bot.adapters.ratelimit import RateBudget
+from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
 from bot.types import FinalAnswer, SourceNote
 
 
@@ -39,12 +40,12 @@ def test_an_overlong_line_is_cut_hard() -> None:
     assert [len(p) for p in pieces] == [300, 300, 300, 100]
 
 
-async def test_pacer_keeps_posts_to_one_channel_an_interval_apart() -> None:
-    pacer = ChannelPacer(interval_s=0.05)
+async def test_a_channel_bucket_of_one_keeps_posts_to_one_channel_an_interval_apart() -> None:
+    budget = RateBudget(channel_limits={"post": (0.05, 1)})
     starts: list[float] = []
 
     async def post() -> None:
-        async with pacer.turn("C1"):
+        async with budget.slot("post", "C1"):
             starts.append(time.monotonic())
 
     await asyncio.gather(*(post() for _ in range(5)))

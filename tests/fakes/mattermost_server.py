@@ -20,7 +20,8 @@ answered 429 with ``Retry-After`` and ``X-Ratelimit-*``, and every call that arr
 
 Faults are chosen per request by rules the test sets (:meth:`FakeMattermost.add_fault`): a
 status (429 with ``Retry-After`` and ``X-Ratelimit-*`` as the server's rate limiter sends them,
-or 500 / 503 with a JSON error body) with a probability or for the next N matching calls. The
+or 500 / 503 with a JSON error body) with a probability or for the next N matching calls, and
+latency per endpoint (:meth:`FakeMattermost.add_latency`: a slow server). The
 websocket can be dropped every N ``posted`` events, dropped on command, or made half-open
 (:meth:`go_silent`: no more frames, pings ignored). Every call is recorded with the fake's own
 timestamps (:attr:`calls`).
@@ -137,6 +138,9 @@ class FakeMattermost:
         self.command_responses: list[dict[str, Any]] = []
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
+        self.latency: list[tuple[str, str, float]] = []
+        """``(method, path regex, seconds)``: matching calls are served this much later."""
+        self._closing = asyncio.Event()
         self.max_post_size = max_post_size
         self.drop_every: int | None = None
         self.ws_conns: list[WsConn] = []
@@ -201,6 +205,7 @@ class FakeMattermost:
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:
+        self._closing.set()
         for conn in list(self.ws_conns):
             with contextlib.suppress(Exception):
                 await conn.ws.close()
@@ -286,6 +291,11 @@ class FakeMattermost:
         fault = Fault(method, path, status, probability, count, retry_after, after, random.Random(seed))
         self.faults.append(fault)
         return fault
+
+    def add_latency(self, method: str, path: str, seconds: float) -> None:
+        """Serve every ``method`` call whose path fully matches ``path`` ``seconds`` late (after the
+        rate limiter and faults were decided, as a slow database behind the server would)."""
+        self.latency.append((method, path, seconds))
 
     # -- what users do --------------------------------------------------------------------------
     async def user_posts(
@@ -474,6 +484,12 @@ class FakeMattermost:
         fault = self._match_fault(request.method, path) if wait <= 0 else None
         is_fault = False
         limited = wait > 0
+        delay = max(
+            (d for m, p, d in self.latency if m == request.method and re.fullmatch(p, path)), default=0
+        )
+        if delay:  # cut short when the server closes (a slow call must not hold up its shutdown)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
         if limited:
             resp = self._limit_response(wait, request_id)
             self._limit(user_key, started, float(resp.headers["Retry-After"]))

@@ -1154,12 +1154,15 @@ class FakeSlack:
         """Connections open and not stalled."""
         return sum(1 for n, ws in self._sockets.items() if n not in self._stalled and not ws.closed)
 
-    def stall(self) -> None:
-        """Half-open: from now on nothing is sent on the open connections and nothing read from them
-        (pings go unanswered, acks are lost), and the server keeps counting them as open and routing
-        envelopes into them, as a server does that cannot tell, until :meth:`unstall`."""
+    def stall(self, connection: int | None = None) -> None:
+        """Half-open: from now on nothing is sent on the open connections (or only ``connection``, a
+        :class:`SocketRecord` number) and nothing read from them (pings go unanswered, acks are
+        lost), and the server keeps counting them as open and routing envelopes into them, as a
+        server does that cannot tell, until :meth:`unstall`."""
         now = self.clock()
         for number in self._sockets:
+            if connection is not None and number != connection:
+                continue
             if number not in self._stalled:
                 self._stalled.add(number)
                 self._records[number].stalled_at = now

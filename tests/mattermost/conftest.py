@@ -19,7 +19,7 @@ from mm_helpers import ACTION_SECRET, SLASH_TOKEN, Bot, BotFactory, make_pipelin
 
 from bot.adapters.mattermost import MattermostAdapter
 from bot.app import submit_to
-from bot.config import MattermostSettings, StoreSettings
+from bot.config import AnswerSettings, MattermostSettings, StoreSettings
 from bot.store import Store
 from inference.config import EngineConfig
 from inference.cpu_engine import CpuEngine
@@ -67,6 +67,7 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
         ignore_eos: bool = False,
         bot_store: Store | None = None,
         wrap_engine: Callable[[Engine], Engine] | None = None,
+        answer_stall_s: float | None = 120.0,
         **overrides: Any,
     ) -> Bot:
         sock = socket.socket()
@@ -93,7 +94,11 @@ async def start_bot(fake: FakeMattermost, engine: Engine, store: Store) -> Async
         the_store = bot_store or store
         adapter = MattermostAdapter(settings, the_store)
         pipeline = make_pipeline(
-            wrap_engine(engine) if wrap_engine else engine, the_store, max_tokens, ignore_eos=ignore_eos
+            wrap_engine(engine) if wrap_engine else engine,
+            the_store,
+            max_tokens,
+            ignore_eos=ignore_eos,
+            answer=AnswerSettings(stall_s=answer_stall_s),
         )
         app = web.Application()
         app.add_routes(adapter.http_routes())

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from bot.adapters.mattermost import MattermostAdapter
+from bot.config import AnswerSettings
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
 from bot.store import Store
@@ -27,9 +28,17 @@ ACTION_SECRET = "action-secret"
 SYSTEM_PROMPT = "You are opsbot, an incident assistant. Answer briefly."
 
 
-def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3, *, ignore_eos: bool = False) -> Pipeline:
+def make_pipeline(
+    engine: Engine,
+    store: Store,
+    max_tokens: int = 3,
+    *,
+    ignore_eos: bool = False,
+    answer: AnswerSettings | None = None,
+) -> Pipeline:
     """The pipeline on ``engine`` with every scenario's answer capped at ``max_tokens`` (exactly that
-    many with ``ignore_eos``: the random test model may otherwise stop at once)."""
+    many with ``ignore_eos``: the random test model may otherwise stop at once); ``answer``: the
+    ``[answer]`` settings (the watchdog)."""
     prompts = PromptBuilder(
         engine.tokenizer,
         system_prompt=SYSTEM_PROMPT,
@@ -41,7 +50,9 @@ def make_pipeline(engine: Engine, store: Store, max_tokens: int = 3, *, ignore_e
         name: {"max_tokens": max_tokens, "ignore_eos": ignore_eos}
         for name in (ALERT_SUMMARY, ROOT_CAUSE, CHANGE_REVIEW, CHAT, THREAD_SUMMARY, POSTMORTEM)
     }
-    return Pipeline(engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(overrides))
+    return Pipeline(
+        engine=engine, store=store, prompts=prompts, scenarios=ScenarioRegistry(overrides), answer=answer
+    )
 
 
 @dataclass

@@ -116,7 +116,10 @@ async def test_a_reply_that_cannot_be_delivered_after_retries_is_counted_and_log
 ) -> None:
     alice = fake.add_user("alice")
     channel = fake.add_channel("incidents", [alice, fake.bot_user_id])
-    await start_bot(max_tokens=1, retry={"initial_s": 0.05, "max_s": 0.3, "max_retries": 2})
+    # The final edit retries until its deadline (an answer's final text is worth the wait).
+    await start_bot(
+        max_tokens=1, retry={"initial_s": 0.05, "max_s": 0.3, "max_retries": 2, "deadline_s": 1.5}
+    )
     fake.add_fault("PUT", r"/api/v4/posts/\w+/patch", 503)
     before = metric("opsbot_replies_failed_total", platform="mattermost")
     caplog.set_level(logging.INFO)

@@ -72,3 +72,33 @@ async def test_with_the_default_settings_a_45_s_stall_is_replaced_within_20_s_an
         every_s=5.0,
     )
     assert took <= 20.0, f"replaced after {took:.1f} s"
+
+
+@pytest.mark.timeout(120)
+async def test_with_two_connections_one_dead_socket_does_not_hold_up_delivery_while_it_is_replaced(
+    slack: FakeSlack, make_bot: BotFactory
+) -> None:
+    """The default keeps two connections: what Slack routed into the dead one is redelivered on the
+    other after its ack timeout, long before the dead one is found and replaced (slow pings here)."""
+    assert SlackSettings.model_fields["socket_connections"].default >= 2
+    slack.redeliver_after_s = 1.0  # Slack's ack timeout, scaled like the rest
+    bot = await make_bot(socket_ping_interval_s=10.0, socket_pong_timeout_s=10.0)
+    await slack.wait_for(lambda: slack.open_connections == 2)
+    dead = slack.socket_log[-1]
+    slack.stall(dead.number)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    asked = []
+    for i in range(6):  # round robin: half of them go into the dead socket
+        event = slack.user_message("C1", "U1", f"<@{slack.bot_user_id}> still there? {i}")
+        await slack.deliver_event(slack.mention_events(event)[0])
+        asked.append(str(event["ts"]))
+    await slack.wait_for(lambda: len(answers(slack, "C1")) == len(asked), timeout_s=15)
+    took = loop.time() - started
+    assert took < 8.0, f"answered after {took:.1f} s"
+    assert dead.stalled_at is not None
+    replaced = any(r.hello_at > dead.stalled_at for r in slack.socket_log)
+    assert not replaced  # delivery did not wait for the dead socket to be found and replaced
+    await settled(bot)
+    assert sorted(m.thread_ts or "" for m in answers(slack, "C1")) == sorted(asked)
+    assert len(slack.bot_messages("C1")) == len(asked)  # each answered once

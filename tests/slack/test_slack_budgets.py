@@ -85,11 +85,11 @@ async def test_socket_mode_reconnects_back_off_under_slack_reconnect_until_the_l
     slack: FakeSlack, make_bot: BotFactory
 ) -> None:
     bot = await make_bot(reconnect={"initial_s": 0.05, "max_s": 0.2})
-    await slack.wait_for(lambda: slack.open_connections == 1)
+    await slack.wait_for(lambda: slack.open_connections == 2)  # the pool's two connections
     slack.refuse_links = 3
     opened = slack.connections_opened
     await slack.disconnect(reason="refresh_requested", drop=True)
-    await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 1)
+    await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 2)
     assert slack.links_refused == 3
     event = slack.user_message("D1", "U1", "back?", channel_type="im")
     await slack.deliver_event(event)

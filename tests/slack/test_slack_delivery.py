@@ -65,13 +65,13 @@ async def test_two_replicas_sharing_postgres_answer_each_event_exactly_once(
 ) -> None:
     first = await make_bot(db_url=pg_url)
     second = await make_bot(db_url=pg_url)
-    await slack.wait_for(lambda: slack.open_connections == 2)
+    await slack.wait_for(lambda: slack.open_connections == 4)  # two per replica
     events = [await _mention_four_times(slack, "C1", f"replica question {i}") for i in range(6)]
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 6, timeout_s=90)
     await slack.wait_for(lambda: all(env.acked_at for env in slack.envelopes.values()))
     await settled(first, second)
-    # round robin spread the deliveries over both connections
-    assert {env.connection for env in slack.envelopes.values()} == {1, 2}
+    # round robin spread the deliveries over all four connections, both replicas'
+    assert {env.connection for env in slack.envelopes.values()} == {1, 2, 3, 4}
     assert sorted(m.thread_ts or "" for m in slack.bot_messages("C1")) == sorted(str(e["ts"]) for e in events)
     await request_rows(second.store)  # each replica writes its own rows: wait for both buffers
     rows = await request_rows(first.store)
@@ -166,7 +166,7 @@ async def test_socket_mode_disconnect_every_few_messages_loses_no_mention(
         if i % 3 == 2:  # mid-stream: some of these envelopes are not acked yet
             opened = slack.connections_opened
             await slack.disconnect(reason="refresh_requested", drop=True)
-            await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 1)  # noqa: B023
+            await slack.wait_for(lambda: slack.connections_opened > opened and slack.open_connections == 2)  # noqa: B023
     await slack.wait_for(lambda: len(answers(slack, "C1")) == 15, timeout_s=120)
     await settled(bot)
     assert slack.connections_opened >= 5

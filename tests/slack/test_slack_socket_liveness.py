@@ -17,12 +17,12 @@ from bot.config import SlackSettings
 async def _stall(
     slack: FakeSlack, make_bot: BotFactory, *, ping_s: float, pong_s: float, stall_s: float, every_s: float
 ) -> float:
-    """Stall the connection for ``stall_s`` with a mention every ``every_s``; return how long the
-    connection took to be replaced (fake clock)."""
+    """Stall one of the two connections for ``stall_s`` with a mention every ``every_s``; return how
+    long the connection took to be replaced (fake clock)."""
     bot = await make_bot(socket_ping_interval_s=ping_s, socket_pong_timeout_s=pong_s)
-    await slack.wait_for(lambda: slack.open_connections == 1)
+    await slack.wait_for(lambda: slack.open_connections == 2)  # the pool's two
     stalled = slack.socket_log[-1]
-    slack.stall()
+    slack.stall(stalled.number)  # one goes half-open; Slack keeps routing envelopes into it
     assert stalled.stalled_at is not None
     asked: list[str] = []
     loop = asyncio.get_running_loop()

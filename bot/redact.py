@@ -25,212 +25,46 @@ import threading
 from collections.abc import Callable
 
 from bot import metrics
+from bot.redact_tokens import WEBHOOKS, find_tokens, looks_random
+from bot.redact_words import (
+    PROSE_LINKS,
+    PROSE_WORDS,
+    SECRET_HINTS,
+    is_placeholder,
+    is_secret_name,
+    plausible_secret,
+)
+
+__all__ = [
+    "REDACTED",
+    "RedactingFilter",
+    "count_secrets",
+    "count_secrets_by_kind",
+    "is_secret_name",
+    "redact",
+]
 
 REDACTED = "[REDACTED]"
 """What a secret is replaced by."""
 
-# Name components that mark a key as secret ("DB_PASSWORD", "clientSecret", "x-api-key").
-_SECRET_WORDS = frozenset(
-    {
-        "secret",
-        "secrets",
-        "token",
-        "password",
-        "passwords",
-        "passwd",
-        "pwd",
-        "passphrase",
-        "credential",
-        "credentials",
-        "creds",
-        "apikey",
-        "privatekey",
-        "accesskey",
-        "secretkey",
-        "accountkey",
-        "authtoken",
-        "sas",
-        "cookie",
-        "sessionid",
-        "dsn",
-        # Flag and variable names of particular clients (keytool, sshpass, redis-cli, htpasswd).
-        "storepass",
-        "keypass",
-        "srcstorepass",
-        "deststorepass",
-        "srckeypass",
-        "destkeypass",
-        "sshpass",
-        "rediscliauth",
-        "psk",
-    }
-)
-# A last component that says the value is metadata about a secret, not the secret itself.
-_METADATA_WORDS = frozenset(
-    {
-        "ttl",
-        "expiry",
-        "expires",
-        "expiration",
-        "length",
-        "len",
-        "count",
-        "size",
-        "timeout",
-        "interval",
-        "file",
-        "path",
-        "dir",
-        "name",
-        "names",
-        "ref",
-        "type",
-        "enabled",
-        "id",
-        "ids",
-        "version",
-        "kind",
-        "mode",
-        "format",
-        "age",
-        "lifetime",
-        "endpoint",
-        "url",
-        "uri",
-        "header",
-        "source",
-        "provider",
-        "policy",
-        "rotation",
-        "namespace",
-        "key",
-        "seconds",
-        "minutes",
-        "hours",
-        "days",
-        "ms",
-        "duration",
-        "limit",
-        "usage",
-        "budget",
-        "prefix",
-        "hint",
-        "strategy",
-        "algorithm",
-        "method",
-        "scope",
-        "scopes",
-        "audience",
-        "aud",
-        "issuer",
-        "iss",
-        "stdin",
-        "prompt",
-        "helper",
-    }
-)
-# Words before a final "key" that make it an address of data, not a credential.
-_NOT_SECRET_KEYS = frozenset(
-    {
-        "public",
-        "primary",
-        "sort",
-        "hot",
-        "cache",
-        "routing",
-        "partition",
-        "idempotency",
-        "idempotence",
-        "dedup",
-        "dedupe",
-        "deduplication",
-        "group",
-        "grouping",
-        "shard",
-        "sharding",
-        "hash",
-        "range",
-        "row",
-        "foreign",
-        "unique",
-        "lookup",
-        "lock",
-        "object",
-        "message",
-        "event",
-        "index",
-        "label",
-        "map",
-        "metric",
-        "config",
-        "cluster",
-        "tenant",
-        "bucket",
-        "cursor",
-        "page",
-        "join",
-        "composite",
-        "distribution",
-        "affinity",
-        "correlation",
-        "trace",
-        "request",
-        "order",
-        "redis",
-        "s3",
-        "topology",
-        "node",
-        "selector",
-        "match",
-        "tolerations",
-        "toleration",
-        "pod",
-        "sticky",
-        "consistent",
-    }
-)
-# Words before a final "data" that make the value key or certificate material.
-_MATERIAL_WORDS = frozenset(
-    {"key", "cert", "certificate", "crt", "token", "secret", "password", "pem", "keystore", "p12", "pfx"}
-)
-_WORD_SPLIT = re.compile(r"[_.\-/\s]+|(?<=[a-z0-9])(?=[A-Z])")
-
-
-def is_secret_name(name: str) -> bool:
-    """True when a key or variable named ``name`` holds a secret (``DB_PASSWORD``, ``apiKey``,
-    ``ENCRYPTION_KEY``), false for metadata about secrets (``TOKEN_TTL``, ``password_file``)."""
-    parts = [p.lower() for p in _WORD_SPLIT.split(name.strip("\"'-")) if p]
-    if not parts:
-        return False
-    last = parts[-1]
-    # Bitnami-style references to a Secret ("existingSecret", "existingSecretPasswordKey") name
-    # the Secret or its key, never hold the value.
-    if parts[0] == "existing":
-        return False
-    # Kubeconfig and Secret fields holding base64 key or certificate material ("client-key-data",
-    # "client-certificate-data", "tls-key-data"); the CA bundle ("certificate-authority-data") is public.
-    if last == "data" and len(parts) >= 2:
-        return "authority" not in parts and bool(_MATERIAL_WORDS.intersection(parts[:-1]))
-    # "api_key", "ENCRYPTION_KEY", "accountKey": a compound ending in key; bare "key" is too common
-    # (tolerations, label selectors) to count, and so are keys that address data, not unlock it
-    # ("cache_key", "routing_key", "partition_key", "idempotency_key").
-    if last in {"key", "keys"} and len(parts) >= 2 and parts[-2] not in _NOT_SECRET_KEYS:
-        return True
-    # "DB_PASS", "SMTP_PASS"; bare "pass" is test-runner talk ("pass=12 fail=0").
-    if last == "pass" and len(parts) >= 2:
-        return True
-    if last in _METADATA_WORDS:
-        return False
-    joined = "".join(parts)
-    if joined.endswith("token"):  # "accesstoken", "authToken"; not "tokenizer" nor "max_tokens"
-        return True
-    if any(word in joined for word in ("password", "passwd", "secret", "credential", "apikey", "privatekey")):
-        return True
-    return joined in _SECRET_WORDS or any(p in _SECRET_WORDS for p in parts)
-
-
 _Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str]], str]]
 """(kind of secret, pattern, replacement): the kind labels ``opsbot_secrets_redacted_total``."""
+
+_RULE_NEEDS: dict[re.Pattern[str], tuple[str, ...]] = {}
+"""Per rule declared with :func:`_gated`: lowercase ASCII strings one of which every match holds."""
+_WORD_GATED: set[re.Pattern[str]] = set()
+"""Rules that only ever hide a value a secret-like name or word marks (``is_secret_name``, the
+prose keywords): skipped on an ASCII text holding none of :data:`bot.redact_words.SECRET_HINTS`."""
+
+
+def _gated(pattern: re.Pattern[str], *needs: str, words: bool = False) -> re.Pattern[str]:
+    """``pattern``, registered with the strings one of which each of its matches holds (``needs``)
+    and, with ``words``, as a rule whose replacements all need a secret-like word in the text."""
+    if needs:
+        _RULE_NEEDS[pattern] = needs
+    if words:
+        _WORD_GATED.add(pattern)
+    return pattern
 
 
 def _keep_group(group: int) -> Callable[[re.Match[str]], str]:
@@ -289,11 +123,32 @@ def _named_value(match: re.Match[str]) -> str:
         return _keep_group(match.re.groupindex["value"])(match)
     if not value.strip("\\\"'") or value.startswith(REDACTED) or not is_secret_name(name):
         return match.group(0)
-    if value.lower() in {"true", "false", "null", "none", "nil", "''", '""', "<none>", "***", "*****"}:
+    if not _is_value(value):
         return match.group(0)
-    if _FILE_PATH.match(value.strip("\"'")):  # client-key: /etc/kubernetes/pki/admin.key names a file
-        return match.group(0)
+    if value.isdigit() and match.string.startswith(" bytes", match.end("value")):
+        return match.group(0)  # kubectl describe secret: "password:  16 bytes"
+    if "plausible" in match.re.groupindex and not plausible_secret(value):
+        return match.group(0)  # a bare "name value" pair: only a value that reads like a secret
     return _keep_group(match.re.groupindex["value"])(match)
+
+
+# Values of secret-named keys that are settings, not secrets ("PasswordAuthentication no",
+# "password:  16 bytes" in kubectl describe, YAML block-scalar headers).
+_NOT_VALUES = frozenset(
+    {"true", "false", "yes", "no", "on", "off", "enabled", "disabled", "required", "optional", "<none>"}
+    | {"|", ">", "|-", ">-", "|+", ">+", "''", '""', "-"}
+)
+_BYTES = re.compile(r"\d+ bytes\Z")
+
+
+def _is_value(value: str) -> bool:
+    """True when ``value`` (of a secret-named key) is a value to hide: not a setting word, a
+    placeholder or reference (:func:`bot.redact_words.is_placeholder`), a file path or a size."""
+    bare = value.strip().strip("\"'`")
+    if value.strip().lower() in _NOT_VALUES or bare.lower() in _NOT_VALUES or REDACTED in bare:
+        return False
+    # client-key: /etc/kubernetes/pki/admin.key names a file
+    return not (is_placeholder(bare) or _FILE_PATH.match(bare) or _BYTES.match(bare))
 
 
 # -- command lines of database, cache, HTTP, SSH and registry clients ------------------------------
@@ -387,7 +242,9 @@ _CLIENT_COMMANDS = [(re.compile(rf"(?:{names})\Z"), flags) for names, flags in _
 def _is_literal(value: str) -> bool:
     """A value worth hiding: not empty, not a shell / Helm / Kubernetes reference to one elsewhere."""
     bare = value.strip("\"'")
-    return bool(bare) and not bare.startswith(("$", "{{", "<", REDACTED)) and bare not in ("-", "''")
+    return (
+        bool(bare) and not bare.startswith(REDACTED) and bare not in ("-", "''") and not is_placeholder(bare)
+    )
 
 
 def _hide(token: str, start: int = 0) -> str:
@@ -620,6 +477,282 @@ def _from_literal(match: re.Match[str]) -> str:
     return match.group(1) + _hide(match.group("value"))
 
 
+# -- context in other syntaxes: XML, SQL, struct dumps, argument lists, prose ---------------------
+def _named_xml(match: re.Match[str]) -> str:
+    """``<password>v</password>``, ``<entry key="db.password">v</entry>``: the element's text."""
+    name = match.group("name")
+    key = _XML_KEY_ATTR.search(match.group("attrs") or "")
+    if not (is_secret_name(name) or (key is not None and is_secret_name(key.group(1)))):
+        return match.group(0)
+    value = match.group("value")
+    if not _is_value(value.strip()):
+        return match.group(0)
+    lead = value[: len(value) - len(value.lstrip())]
+    trail = value[len(value.rstrip()) :]
+    start = match.start("value") - match.start()
+    return (
+        match.group(0)[:start]
+        + lead
+        + REDACTED
+        + trail
+        + match.group(0)[match.end("value") - match.start() :]
+    )
+
+
+_XML_KEY_ATTR = re.compile(r"""\b(?:key|name)\s*=\s*["']([^"']{1,120})["']""")
+
+
+def _quoted_literal(match: re.Match[str]) -> str:
+    """A SQL / prose value: quoted ones are hidden inside the quotes; a bare one only when it reads
+    like a secret (``identified by tiger1``, not ``identified by the team``)."""
+    value = match.group("value")
+    quoted = value[:1] in "'\"`" and value[-1:] == value[:1] and len(value) >= 2
+    bare = value[1:-1] if quoted else value.rstrip(".,;:)!?")
+    if not bare or not _is_value(bare) or not (quoted or plausible_secret(bare)):
+        return match.group(0)
+    head = match.group(0)[: match.start("value") - match.start()]
+    tail = match.group(0)[match.end("value") - match.start() :]
+    if quoted:
+        return head + value[0] + REDACTED + value[-1] + tail
+    return head + REDACTED + value[len(bare) :] + tail
+
+
+def _table_body(match: re.Match[str]) -> str:
+    """``vault kv get``'s Data section: every row's value column (its keys name anything)."""
+    out = []
+    for line in match.group("body").split("\n"):
+        key, sep, value = (re.split(r"([ \t]{2,})", line, maxsplit=1) + ["", ""])[:3]
+        if not value.strip() or key.strip() in ("Key", "---") or value.strip().startswith(REDACTED):
+            out.append(line)
+        else:
+            out.append(key + sep + REDACTED)
+    return match.group(0)[: match.start("body") - match.start()] + "\n".join(out)
+
+
+_JSON_VALUE_KEY = re.compile(r"""("(?:Value|value|data|SecretString|secret_string)"\s*:\s*)""")
+
+
+def _json_value_end(text: str, start: int) -> int:
+    """Where the JSON value starting at ``text[start]`` ends (a string, a number, or a balanced
+    object or array; a value cut off by the end of the text ends there)."""
+    if start >= len(text):
+        return start
+    if text[start] == '"':
+        end = start + 1
+        while end < len(text) and text[end] != '"':
+            end += 2 if text[end] == "\\" else 1
+        return min(end + 1, len(text))
+    if text[start] in "{[":
+        depth, end, in_string = 0, start, False
+        while end < len(text):
+            ch = text[end]
+            if in_string:
+                if ch == "\\":
+                    end += 1
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    return end + 1
+            end += 1
+        return end
+    end = start
+    while end < len(text) and text[end] not in ",}]\n":
+        end += 1
+    return end
+
+
+def _marked_values(match: re.Match[str]) -> str:
+    """Secret managers' JSON: in the object a marker opens (``"Type": "SecureString"``,
+    ``"sensitive": true``, a Key Vault secret id, gcloud's ``"payload"``), every ``value`` /
+    ``data`` is hidden whole, whatever its key is called elsewhere."""
+    rest = match.group("rest")
+    out, last = [], 0
+    for key in _JSON_VALUE_KEY.finditer(rest):
+        if key.start() < last:
+            continue
+        start = key.end()
+        end = _json_value_end(rest, start)
+        value = rest[start:end]
+        if value.strip() in ("", '""', "null") or REDACTED in value:
+            continue
+        out.append(rest[last:start])
+        out.append(f'"{REDACTED}"' if value.startswith('"') else REDACTED)
+        last = end
+    if not out:
+        return match.group(0)
+    out.append(rest[last:])
+    return match.group(0)[: match.start("rest") - match.start()] + "".join(out)
+
+
+def _command_output(match: re.Match[str]) -> str:
+    """The lines a secret-printing command writes (``gcloud secrets versions access``,
+    ``aws ssm get-parameter --with-decryption --output text``, ``terraform output -raw``, ...);
+    structured output (JSON, YAML) is left to the rules that read it."""
+    out = match.group("out")
+    if out.lstrip()[:1] in ("{", "["):
+        return match.group(0)
+    lines = [REDACTED if line.strip() and not line.startswith(REDACTED) else line for line in out.split("\n")]
+    return match.group(0)[: match.start("out") - match.start()] + "\n".join(lines)
+
+
+_WORDS_ALT = "|".join(
+    re.escape(w) + (r"s?\b" if w.isascii() and w[-1].isalpha() else "")
+    for w in sorted(PROSE_WORDS, key=len, reverse=True)
+)
+_LINKS_ALT = "|".join(
+    (r"\b" + re.escape(w) + r"\b" if w.isascii() and w[0].isalpha() else re.escape(w))
+    for w in sorted(PROSE_LINKS, key=len, reverse=True)
+)
+# A bare value is one word that is not a flag nor a key=value pair of its own.
+_PROSE_VALUE = r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»|(?![\w.\-]+=)(?!-)[^\s\"'`]+)"
+_PROSE = re.compile(
+    rf"(?i)(?<![\w\-:/.])(?:{_WORDS_ALT})"
+    # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
+    r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
+    rf"[ \t]*(?:{_LINKS_ALT})[ \t]*"
+    # "creds are app / PW", "login: admin / PW"
+    r"(?:[\w.@\-]{1,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
+)
+_PROSE_BARE = re.compile(
+    rf"(?i)(?<![\w\-:/.])(?:password|passwd|pass|pw|pwd|passwort|senha|clave)[ \t]+{_PROSE_VALUE}"
+)
+_PROSE_USE_AS = re.compile(
+    rf"(?i)\buse[ \t]+{_PROSE_VALUE}[ \t]+as[ \t]+(?:the[ \t]+|a[ \t]+)?(?:new[ \t]+)?"
+    r"(?:password|passphrase|pw|token|secret|api[ _-]?key)"
+)
+
+# -- the entropy fallback: a random-looking string near a secret-like word ------------------------
+_CANDIDATE = re.compile(r"(?<![\w\-+/=.~])[A-Za-z0-9][A-Za-z0-9_\-+/.~]{15,}={0,2}(?![\w=])")
+_PATH = re.compile(r"[a-z0-9_.\-]*(?:/[a-z0-9_.\-]*)+")
+_WORD = re.compile(r"[^\W\d_]+|\d+")
+_FILLERS = frozenset(
+    [
+        "is",
+        "are",
+        "was",
+        "now",
+        "new",
+        "one",
+        "the",
+        "a",
+        "an",
+        "for",
+        "of",
+        "our",
+        "this",
+        "it",
+        "its",
+        "here",
+        "to",
+        "set",
+        "be",
+        "as",
+        "in",
+        "primary",
+        "secondary",
+        "value",
+        "current",
+        "rotated",
+        "updated",
+        "old",
+    ]
+)
+_ID_WORDS = frozenset(
+    [
+        "id",
+        "ids",
+        "uid",
+        "uuid",
+        "commit",
+        "sha",
+        "sha1",
+        "sha256",
+        "md5",
+        "digest",
+        "checksum",
+        "hash",
+        "trace",
+        "span",
+        "request",
+        "etag",
+        "revision",
+        "version",
+        "image",
+        "build",
+        "fingerprint",
+        "resourceversion",
+        "nonce",
+        "accessor",
+        "serial",
+        "file",
+        "path",
+    ]
+)
+_NOT_SECRET_SHAPES = re.compile(
+    r"""(?x)^(?:
+        [0-9a-f]{7,12}|[0-9a-f]{40}|[0-9a-f]{64}|[0-9A-F]{40}|[0-9A-F]{64}   # git SHAs, sha256 digests
+      | [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}          # UUIDs
+      | [0-9a-f]{16}|[0-9a-f]{32}                                             # span / trace ids, md5
+      | sha(?:1|256|384|512)[:=][0-9a-fA-F]{16,}                             # image digests, CA hashes
+      | [a-z0-9][a-z0-9\-]*-[bcdfghjklmnpqrstvwxz2456789]{8,10}(?:-[bcdfghjklmnpqrstvwxz2456789]{5})?  # pods
+    )$"""
+)
+
+
+def _near_secret_word(before: str) -> int | None:
+    """How many words stand between the end of ``before`` and the nearest secret-like word before
+    it on the same line (``None``: none, or an id-like word comes first: "trace_id=...")."""
+    words = _WORD.findall(before[-80:].rsplit("\n", 1)[-1].lower())
+    distance = 0
+    for index, word in enumerate(reversed(words)):
+        if word in _ID_WORDS:
+            return None
+        if word in ("key", "keys") or is_secret_name(word):
+            previous = words[-index - 2] if index + 1 < len(words) else ""
+            # "checksum/secret", "hash_key", "cache key": a compound naming no secret
+            if previous in _ID_WORDS or (
+                previous and not is_secret_name(f"{previous}_{word}") and word == "key"
+            ):
+                return None
+            return distance
+        if word not in _FILLERS:
+            distance += 1
+        if distance > 3:
+            return None
+    return None
+
+
+def _entropy_fallback(text: str) -> tuple[str, int]:
+    """Random-looking strings (:func:`bot.redact_tokens.looks_random`) shortly after a secret-like
+    word ("datadog api key for the new org is 3f9c...", "routing key 8d7e..."): hidden, unless
+    their shape is an id an incident is about (SHA, UUID, digest, trace id, pod hash), which is
+    hidden only right after the word ("nomad token 5b7d..."), never after an id word."""
+    out, last, found = [], 0, 0
+    for match in _CANDIDATE.finditer(text):
+        value = match.group(0).rstrip(".,")
+        if REDACTED in value or _PATH.fullmatch(value) or "://" in text[match.start() - 3 : match.start()]:
+            continue
+        if not looks_random(value.rstrip("=")):
+            continue
+        distance = _near_secret_word(text[: match.start()])
+        if distance is None or (distance > 0 and _NOT_SECRET_SHAPES.match(value)):
+            continue
+        out.append(text[last : match.start()])
+        out.append(REDACTED)
+        last = match.start() + len(value)
+        found += 1
+    if not found:
+        return text, 0
+    out.append(text[last:])
+    return "".join(out), found
+
+
 # Names may carry a domain prefix (annotation keys such as "example.com/db-password").
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-/]{0,120}"
 _VALUE = r"[^\s\"'`,;&<>(){}\[\]]+"
@@ -640,18 +773,34 @@ _RULES: list[_Rule] = [
     ("secret_data", _JSON_SECRET_DATA, _json_secret_data),
     # Base64 whose decoded text carries a secret (.dockerconfigjson, a connection URL).
     ("base64_embedded", _B64_RUN, _b64_embedded),
-    # Slack incoming webhooks carry their secret in the path.
-    (
-        "slack_webhook",
-        re.compile(r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"),
-        _whole,
+    # Incoming-webhook and bot URLs carry their secret in the path or query (a table of data).
+    *(
+        (kind, _gated(re.compile(pattern), needle), _keep_group(re.compile(pattern).groupindex["secret"]))
+        for kind, needle, pattern in WEBHOOKS
     ),
     # Authorization headers: keep the scheme, drop the credential.
     (
         "authorization",
-        re.compile(
-            r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|token|digest|apikey|negotiate|sso-key)\s+)"
-            r"([^\s\"',;]+)"
+        _gated(
+            re.compile(
+                r"(?i)\b((?:proxy-|set-|x-)?authorization[\"']?\s*[:=]\s*[\"']?"
+                r"(?:bearer|token|digest|apikey|api-key|key|negotiate|sso-key|ssws|geniekey|splunk|bot|dsn|hmac"
+                r"|klaviyo-api-key|zoho-oauthtoken|oauth|sharedaccesssignature|ghl|pat)\s+)"
+                r"([^\s\"',;]+)"
+            ),
+            "authorization",
+        ),
+        _keep_group(2),
+    ),
+    # Any other scheme, or none: a credential that reads like one (so "authorization: denied" stays).
+    (
+        "authorization",
+        _gated(
+            re.compile(
+                r"(?i)\b((?:proxy-|set-|x-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?!basic\s)[A-Za-z][\w.\-]*\s+)?)"
+                r"((?=[^\s\"',;]*[0-9])(?=[^\s\"',;]*[A-Za-z])[^\s\"',;]{16,})"
+            ),
+            "authorization",
         ),
         _keep_group(2),
     ),
@@ -662,25 +811,6 @@ _RULES: list[_Rule] = [
         _keep_group(2),
     ),
     ("basic_auth", re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"), _basic),
-    # Tokens of known shapes.
-    (
-        "aws_access_key",
-        re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b"),
-        _whole,
-    ),
-    ("gcp_api_key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"), _whole),
-    ("gcp_oauth_token", re.compile(r"\bya29\.[0-9A-Za-z_\-]{20,}"), _whole),
-    ("github_token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,255}\b"), _whole),
-    ("github_token", re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b"), _whole),
-    ("gitlab_token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"), _whole),
-    ("slack_token", re.compile(r"\bxox[abposre]-[A-Za-z0-9\-]{10,}"), _whole),
-    ("slack_token", re.compile(r"\bxapp-\d-[A-Za-z0-9\-]{10,}"), _whole),
-    ("stripe_key", re.compile(r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"), _whole),
-    ("openai_key", re.compile(r"\bsk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_\-]{20,}"), _whole),
-    ("sendgrid_key", re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}"), _whole),
-    ("npm_token", re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), _whole),
-    ("huggingface_token", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), _whole),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), _whole),
     # Credentials given to command-line clients by flag or position (mysql -pPW, redis-cli -a PW,
     # curl -u user:PW, sshpass -p PW, docker login -p PW, htpasswd -b FILE USER PW, ...).
     ("cli_flag", _CLIENT_SEGMENT, _client_args),
@@ -725,12 +855,73 @@ _RULES: list[_Rule] = [
         re.compile(r"(?i)([?&](?:sig|x-amz-signature|x-goog-signature)=)([^&\s\"'#>|]+)"),
         _keep_group(2),
     ),
+    # Secret managers' JSON: the value of a SecureString parameter, a sensitive Terraform output,
+    # a Key Vault secret, a gcloud secret version's payload.
+    (
+        "secret_manager",
+        _gated(
+            re.compile(
+                r"(?P<marker>\"Type\"\s*:\s*\"SecureString\"|\"sensitive\"\s*:\s*true"
+                r"|\.vault\.azure\.(?:net|cn|us)/secrets/[^\"\s]*\"|\"payload\"\s*:\s*\{)"
+                r"(?P<rest>(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)"
+            ),
+            "securestring",
+            "sensitive",
+            "vault.azure.",
+            "payload",
+        ),
+        _marked_values,
+    ),
+    # The lines a secret-printing command writes below it.
+    (
+        "command_output",
+        _gated(
+            re.compile(
+                r"(?im)^(?P<cmd>[^\n]*?\b(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
+                r"|aws\s+secretsmanager\s+get-secret-value|az\s+keyvault\s+secret\s+show"
+                r"|gcloud\s+secrets\s+versions\s+access|terraform\s+output\s+(?:-raw\b|[a-z_][\w-]*[ \t]*$)"
+                r"|kubectl\s+get\s+secrets?\b[^\n]*(?:jsonpath|go-template|base64)"
+                r"|vault\s+(?:kv\s+get|read)\b[^\n]*-field|vault\s+operator\s+generate-root"
+                r"|op\s+read|doppler\s+secrets\s+get|kubeadm\s+token\s+(?:create|generate)"
+                r"|openssl\s+rand|pwgen|head\s+-c\s*\d+\s+/dev/urandom)[^\n]*)\r?\n"
+                # output lines up to the next prompt ($, #, >, PS ...>, user@host:)
+                r"(?P<out>(?:(?![ \t]*(?:[$#>%]|PS[^\n>]*>|\w[\w.-]*@[\w.-]+[:~ ]))"
+                r"[^\n]*\S[^\n]*(?:\n|\Z)){1,20})"
+            ),
+            "ssm",
+            "secretsmanager",
+            "keyvault",
+            "gcloud",
+            "terraform",
+            "kubectl",
+            "vault",
+            "op",
+            "doppler",
+            "kubeadm",
+            "openssl",
+            "pwgen",
+            "urandom",
+        ),
+        _command_output,
+    ),  # fmt: skip
+    # vault kv get: every value of the Data table.
+    (
+        "vault_data",
+        _gated(
+            re.compile(r"(?m)^=+ (?:Secret )?Data =+[ \t]*\r?\n(?P<body>(?:[^\n]*\S[^\n]*(?:\n|\Z))+)"),
+            "data =",
+        ),
+        _table_body,
+    ),
     # Kubernetes env lists in YAML: - name: DB_PASSWORD / value: ...
     (
         "named_value",
-        re.compile(
-            r"(?m)^(?P<i>[ \t]*)-[ \t]+name:[ \t]*[\"']?(?P<name>[^\"'\n]+?)[\"']?[ \t]*\r?\n"
-            r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
+        _gated(
+            re.compile(
+                r"(?m)^(?P<i>[ \t]*)-[ \t]+name:[ \t]*[\"']?(?P<name>[^\"'\n]+?)[\"']?[ \t]*\r?\n"
+                r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
+            ),
+            words=True,
         ),
         _yaml_env,
     ),
@@ -741,13 +932,108 @@ _RULES: list[_Rule] = [
         re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s\"']*:)([^\s/\"'<>|]+)(@)"),
         _keep_group(2),
     ),
+    # A key as the URL's user (Sentry DSNs, https://TOKEN@github.com): a random-looking user.
+    (
+        "url_password",
+        _gated(re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://(?P<value>[A-Za-z0-9_\-]{16,})@"), "://"),
+        lambda m: _keep_group(1)(m) if looks_random(m.group("value")) else m.group(0),
+    ),
+    # XML: <password>v</password>, <entry key="db.password">v</entry>, <add key="ApiKey" value="v"/>.
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"<(?P<name>[A-Za-z_][\w:.\-]*)(?P<attrs>\s[^<>]*)?>(?P<value>[^<>]{1,2000}?)</(?P=name)\s*>"
+            ),
+            "</",
+            words=True,
+        ),
+        _named_xml,
+    ),
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"\b(?:key|name)\s*=\s*(?P<q>[\"'])(?P<name>[^\"'\n]{1,120})(?P=q)\s+value\s*=\s*"
+                r"(?P<q2>[\"'])(?P<value>[^\"'\n]*)(?P=q2)"
+            ),
+            "value",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # SQL: CREATE USER .. IDENTIFIED BY 'pw', .. WITH PASSWORD = 'pw', SET PASSWORD FOR u = 'pw'.
+    (
+        "sql_password",
+        _gated(
+            re.compile(
+                r"(?i)\bidentified\s+(?:with\s+[\w'\"]+\s+)?(?:by|as)\s+(?:values\s+)?"
+                r"(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\"|[^\s;'\"]+)"
+            ),
+            "identified",
+        ),
+        _quoted_literal,
+    ),
+    (
+        "sql_password",
+        _gated(
+            re.compile(
+                r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
+            ),
+            "password",
+        ),
+        _quoted_literal,
+    ),
     # Kubernetes env entries and similar name/value pairs in JSON.
     (
         "named_value",
-        re.compile(
-            r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
-            # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
-            r"(?P<value>(?:[^\"\\]|\\\\\"|\\.)*)(\")"
+        _gated(
+            re.compile(
+                r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
+                # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
+                r"(?P<value>(?:[^\"\\]|\\\\\"|\\.)*)(\")"
+            ),
+            words=True,
+        ),
+        _named_value,
+    ),
+    # Argument lists: ["--db-password", "pw"] (JSON, Python, Docker's Args) and YAML items on two
+    # lines (- --api-key / - pw).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?P<q>[\"'])-{1,2}(?P<name>[A-Za-z][\w.\-]*)(?P=q)\s*,\s*"
+                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
+            ),
+            "-",
+            words=True,
+        ),
+        _named_value,
+    ),
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?m)^(?P<i>[ \t]*)-[ \t]+[\"']?-{1,2}(?P<name>[A-Za-z][\w.\-]*)[\"']?[ \t]*\r?\n"
+                r"(?P=i)-[ \t]+(?P<value>(?!-)[^\n]*\S)"
+            ),
+            "-",
+            words=True,
+        ),
+        _yaml_env,
+    ),
+    # A flag whose value is on the next line (ps output, a wrapped command line).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?<![\w-])-{1,2}(?P<name>[A-Za-z][\w.\-]*)[ \t]*\\?\r?\n"
+                r"[ \t]*(?P<value>(?!-)[^\s\\]+)[ \t]*$",
+                re.M,
+            ),
+            "-",
+            words=True,
         ),
         _named_value,
     ),
@@ -755,40 +1041,98 @@ _RULES: list[_Rule] = [
     # shells, labels).
     (
         "named_value",
-        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
+        _gated(
+            re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
+            words=True,
+        ),
         _named_value,
     ),
     (
         "named_value",
-        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"),
+        _gated(
+            re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"), words=True
+        ),
         _named_value,
     ),
     # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
     (
         "named_value",
-        re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""),
+        _gated(
+            re.compile(
+                rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""
+            ),
+            words=True,
+        ),
         _named_value,
     ),
     (
         "named_value",
-        re.compile(
-            rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
+        _gated(
+            re.compile(
+                rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
+            ),
+            words=True,
+        ),
+        _named_value,
+    ),
+    # A whole line NAME=value or name = value (env dumps, .env, INI, properties): the value is the
+    # rest of the line, spaces and delimiters included, unless more key=value pairs follow (logfmt).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?m)^[ \t]*(?:(?:export|set|setenv|declare[ \t]+-x|ENV|ARG)[ \t]+)?"
+                rf"(?P<name>{_NAME})[ \t]*=[ \t]*(?P<value>[^\s\"'][^\n]*?)[ \t]*\r?$"
+            ),
+            "=",
+            words=True,
+        ),
+        lambda m: m.group(0) if re.search(r"\s[\w.\-]+=", m.group("value")) else _named_value(m),
+    ),
+    # URL-encoded: secret%3Dvalue%26... (a form body or query string inside another one).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?i)(?<![\w%])(?P<name>[A-Za-z_][\w.\-]*)%3D(?P<value>(?:[^%\s&\"'<>]|%(?!26|3B|20)[0-9A-Fa-f]{2})+)"
+            ),
+            "%3d",
+            words=True,
         ),
         _named_value,
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
     (
         "named_value",
-        re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"),
+        _gated(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), words=True),
         _named_value,
     ),
-    # key: value at the start of a line (YAML, HTTP headers) or after { , ; - so prose such as
-    # "failed to refresh token: context deadline exceeded" is not taken for a secret.
+    # name: value as a whole line (YAML, HTTP headers, tool output such as "Unseal Key 1: ..."):
+    # the value is the rest of the line, spaces included (a trailing " # comment" kept).
     (
         "named_value",
-        re.compile(
-            rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
-            rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+        _gated(
+            re.compile(
+                # labels of several words are Title Case ("Initial Root Token"), not prose
+                rf"(?m)^[ \t]*(?:-[ \t]+)?(?P<name>{_NAME}|[A-Z][\w\-]*(?:[ ](?:[A-Z][\w\-]*|\d+)){{1,3}})"
+                r"[ \t]*:[ \t]+"
+                r"(?P<value>[^\s\"'#|>][^\n]*?)(?=[ \t]+#|[ \t]*\r?$)"
+            ),
+            ":",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # key: value after { , ; - so prose such as "failed to refresh token: context deadline
+    # exceeded" is not taken for a secret.
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
+                rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+            ),
+            words=True,
         ),
         _named_value,
     ),
@@ -796,18 +1140,57 @@ _RULES: list[_Rule] = [
     # not like prose, so "refresh token: context deadline exceeded" stays as it is.
     (
         "named_value",
-        re.compile(
-            r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
-            rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+        _gated(
+            re.compile(
+                r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
+                rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+            ),
+            words=True,
         ),
         _named_value,
     ),
-    # --password value / --token value (command lines).
+    # Go / Rust struct dumps: {User:app Password:pw} (%+v), &Auth{Password:"pw"} (%#v).
     (
         "named_value",
-        re.compile(rf"(?<![\w-])--(?P<name>{_NAME})[ \t]+(?P<value>(?!-){_VALUE})"),
+        _gated(
+            re.compile(
+                r"(?<=[{\s,(&\[])(?P<name>[A-Za-z][A-Za-z0-9_]*):(?P<value>\"(?:[^\"\\\n]|\\.)*\"|[^\s,}\])\"]+)"
+            ),
+            ":",
+            words=True,
+        ),
         _named_value,
     ),
+    # --password value / -token value (command lines).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                rf"(?<![\w-])-{{1,2}}(?P<name>[A-Za-z][A-Za-z0-9_.\-]{{1,120}})[ \t]+(?P<value>(?!-){_VALUE})"
+            ),
+            "-",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # A bare "name value" pair (redis.conf's requirepass, slapd's rootpw, haproxy's
+    # insecure-password, a Dockerfile's ENV): a value that reads like a secret.
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
+                r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+(?P<value>(?!-)[^\s\"'`,;]+)"
+                r"(?P<plausible>)"
+            ),
+            words=True,
+        ),
+        _named_value,
+    ),
+    # Chat prose in the major languages: "the new prod db password is ...", "密码：...".
+    ("prose", _gated(_PROSE, words=True), _quoted_literal),
+    ("prose", _gated(_PROSE_USE_AS, "use", words=True), _quoted_literal),
+    ("prose", _gated(_PROSE_BARE, words=True), _quoted_literal),
 ]
 
 
@@ -829,21 +1212,6 @@ _NEED_SHAPES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("(?:proxy-)?authorization", ("authorization",)),
     (r"(bearer\s+)", ("bearer",)),
     (r"(basic\s+)", ("basic",)),
-    ("(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)",
-     ("akia", "asia", "agpa", "aida", "aroa", "anpa", "anva", "aipa", "abia", "acca")),
-    (r"\bAIza", ("aiza",)),
-    (r"\bya29\.", ("ya29.",)),
-    (r"\bgh[pousr]_", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
-    (r"\bgithub_pat_", ("github_pat_",)),
-    (r"\bglpat-", ("glpat-",)),
-    (r"\bxox[abposre]-", ("xox",)),
-    (r"\bxapp-", ("xapp-",)),
-    (r"(?:sk|rk|pk)_(?:live|test)_", ("_live_", "_test_")),
-    (r"\bsk-(?:proj-", ("sk-",)),
-    (r"\bSG\.", ("sg.",)),
-    (r"\bnpm_", ("npm_",)),
-    (r"\bhf_", ("hf_",)),
-    (r"\beyJ", ("eyj",)),
     ("(?:sqlplus|rman|expdp|impdp|sqlldr|jdbc:oracle:thin:)",
      ("sqlplus", "rman", "expdp", "impdp", "sqlldr", "jdbc:oracle:thin:")),
     (r"(\bmachine\s+", ("machine",)),
@@ -865,16 +1233,26 @@ def count_secrets(text: str) -> tuple[str, int]:
 def count_secrets_by_kind(text: str) -> tuple[str, dict[str, int]]:
     """``text`` with secrets replaced, and the replacements per kind of secret (no metrics)."""
     counts: dict[str, int] = {}
+    if not text:
+        return text, counts
     # On ASCII text a rule whose every match holds a known string is skipped where none is present
-    # (most rules, on most answers: the full passes were 10% of the event loop under a burst).
+    # (most rules, on most answers: the full passes were 10% of the event loop under a burst), and
+    # so is every rule that needs a secret-like word when the text holds none of their stems.
     # Only on ASCII: Unicode case folding lets (?i) match letters that lower() does not produce.
     lowered = text.lower() if text.isascii() else None
+    words = lowered is None or any(hint in lowered for hint in SECRET_HINTS)
+    text = _vendor_tokens(text, counts)
+    if lowered is not None and counts:
+        lowered = text.lower()
     for kind, pattern, replace in _RULES:
         if not text:
             break
-        needs = _NEEDS.get(pattern)
-        if needs is not None and lowered is not None and not any(n in lowered for n in needs):
-            continue
+        if lowered is not None:
+            needs = _NEEDS.get(pattern)
+            if needs is not None and not any(n in lowered for n in needs):
+                continue
+            if not words and pattern in _WORD_GATED:
+                continue
 
         def counting(
             match: re.Match[str], replace: Callable[[re.Match[str]], str] = replace, kind: str = kind
@@ -888,10 +1266,29 @@ def count_secrets_by_kind(text: str) -> tuple[str, dict[str, int]]:
         if new != text:
             text = new
             lowered = text.lower() if lowered is not None and text.isascii() else None
+    if words:
+        text, found = _entropy_fallback(text)
+        if found:
+            counts["high_entropy"] = counts.get("high_entropy", 0) + found
     return text, counts
 
 
-_NEEDS = _needs_of(_RULES)
+def _vendor_tokens(text: str, counts: dict[str, int]) -> str:
+    """``text`` with every vendor token (:mod:`bot.redact_tokens`) replaced, counted by its kind."""
+    spans = find_tokens(text)
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end, kind in spans:
+        out.append(text[last:start])
+        out.append(REDACTED)
+        last = end
+        counts[kind] = counts.get(kind, 0) + 1
+    out.append(text[last:])
+    return "".join(out)
+
+
+_NEEDS = {**_needs_of(_RULES), **_RULE_NEEDS}
 
 
 _CLEAN_MAX_ENTRIES = 512

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from bot import metrics
 from bot.redact_tokens import WEBHOOKS, find_tokens, looks_random
 from bot.redact_words import (
+    NOT_SECRET_KEYS,
     PROSE_LINKS,
     PROSE_WORDS,
     SECRET_HINTS,
@@ -77,6 +78,12 @@ def _keep_group(group: int) -> Callable[[re.Match[str]], str]:
         return text[: start - whole_start] + REDACTED + text[end - whole_start :]
 
     return replace
+
+
+def _keep_literal(group: int) -> Callable[[re.Match[str]], str]:
+    """Like :func:`_keep_group`, but a placeholder (``$TOKEN``, ``${{ secrets.X }}``) stays."""
+    keep = _keep_group(group)
+    return lambda match: match.group(0) if is_placeholder(match.group(group)) else keep(match)
 
 
 def _whole(match: re.Match[str]) -> str:
@@ -298,11 +305,24 @@ def _command_flags(word: str, following: str) -> dict[str, str] | None:
 
 
 def _client_args(match: re.Match[str]) -> str:
-    cmd = " ".join(match.group("cmd").split())
-    flags = next((f for pattern, f in _CLIENT_COMMANDS if pattern.search(cmd)), {})
     args = match.group("args")
     tokens = list(_TOKEN.finditer(args))
     words = [t.group(0) for t in tokens]
+    new = _hidden_arguments(" ".join(match.group("cmd").split()), words)
+    if new == words:
+        return match.group(0)
+    out, last = [], 0
+    for token, replacement in zip(tokens, new, strict=True):
+        out.append(args[last : token.start()])
+        out.append(replacement)
+        last = token.end()
+    out.append(args[last:])
+    return match.group(0)[: match.start("args") - match.start()] + "".join(out)
+
+
+def _hidden_arguments(cmd: str, words: list[str]) -> list[str]:
+    """``words`` (the arguments of client ``cmd``) with the secrets among them hidden."""
+    flags = next((f for pattern, f in _CLIENT_COMMANDS if pattern.search(cmd)), {})
     new = list(words)
     for index, word in enumerate(words):
         following = words[index + 1] if index + 1 < len(words) else ""
@@ -352,15 +372,32 @@ def _client_args(match: re.Match[str]) -> str:
     for index in _positional_secrets(cmd, words):
         if _is_literal(words[index]):
             new[index] = _hide(words[index])
-    if new == words:
+    return new
+
+
+_ARRAY_ITEM = re.compile(r"""(?P<q>["'])(?P<item>(?:(?!(?P=q))[^\\\n]|\\.)*)(?P=q)""")
+
+
+def _argument_array(match: re.Match[str]) -> str:
+    """A command line written as an array (``["mysql", "-uroot", "-pPW"]``, Docker's ``Args``,
+    ``subprocess.run([...])``): its items read like the words of a shell command line."""
+    items = list(_ARRAY_ITEM.finditer(match.group(0)))
+    words = [item.group("item") for item in items]
+    command = words[0].rsplit("/", 1)[-1] if words else ""
+    following = words[1] if len(words) > 1 else ""
+    if _command_flags(command, following) is None:
         return match.group(0)
-    out, last = [], 0
-    for token, replacement in zip(tokens, new, strict=True):
-        out.append(args[last : token.start()])
+    cmd = f"{command} {following}" if _command_flags(f"{command} {following}", "") is not None else command
+    new = _hidden_arguments(cmd, words[1:])
+    if new == words[1:]:
+        return match.group(0)
+    text, out, last = match.group(0), [], 0
+    for item, replacement in zip(items[1:], new, strict=True):
+        out.append(text[last : item.start("item")])
         out.append(replacement)
-        last = token.end()
-    out.append(args[last:])
-    return match.group(0)[: match.start("args") - match.start()] + "".join(out)
+        last = item.end("item")
+    out.append(text[last:])
+    return "".join(out)
 
 
 # -- base64-embedded material --------------------------------------------------------------------
@@ -369,6 +406,10 @@ _B64_PEM = re.compile(
     # "LS0tLS1CRUdJTi" is "-----BEGIN" in base64; wrapped lines (76 columns, \n escapes) follow.
     r"LS0tLS1CRUdJTi[A-Za-z0-9+/]*={0,2}(?:(?:\\n|\r?\n)[ \t]*[A-Za-z0-9+/]+={0,2}(?![^\s\"'\\,}\]]))*"
 )
+
+
+_USER_PASSWORD = re.compile(r"[\w.@+\-]{1,64}:(?=[^\s:]*[A-Za-z])(?=[^\s:]*[^A-Za-z\s:])[^\s:]{4,128}")
+"""Decoded text that is ``user:password`` (a password with a letter and a non-letter)."""
 
 
 def _b64decode(text: str) -> bytes | None:
@@ -404,6 +445,8 @@ def _b64_embedded(match: re.Match[str]) -> str:
         return value
     if not plain or sum(ch.isprintable() or ch in "\n\r\t" for ch in plain) < len(plain):
         return value
+    if _USER_PASSWORD.fullmatch(plain):  # echo dXNlcjpwYXNz | base64 -d, a Basic credential
+        return REDACTED
     token = _DEPTH.set(_DEPTH.get() + 1)
     try:
         found = count_secrets_by_kind(plain)[1]
@@ -499,6 +542,15 @@ def _named_xml(match: re.Match[str]) -> str:
     )
 
 
+def _prose(match: re.Match[str]) -> str:
+    """A value a sentence calls secret; "-o jsonpath='...'" after "secret" is a flag's value (a
+    word glued to "=" between the keyword and the value), not prose."""
+    between = match.string[match.start() : match.start("value")]
+    if re.search(r"\w[ \t]+\S*\w=", between):
+        return match.group(0)
+    return _quoted_literal(match)
+
+
 _XML_KEY_ATTR = re.compile(r"""\b(?:key|name)\s*=\s*["']([^"']{1,120})["']""")
 
 
@@ -515,6 +567,57 @@ def _quoted_literal(match: re.Match[str]) -> str:
     if quoted:
         return head + value[0] + REDACTED + value[-1] + tail
     return head + REDACTED + value[len(bare) :] + tail
+
+
+_LIST_ITEM = re.compile(
+    r"""(?P<q>["'])(?P<value>(?:(?!(?P=q))[^\\\n]|\\.)+)(?P=q)"""
+    r"""|(?m:^(?P<dash>[ \t]*-[ \t]+)(?P<bare>[^\n]*\S))"""
+)
+
+
+def _named_list(match: re.Match[str]) -> str:
+    """Every item of a list (JSON array or YAML block) under a secret-named key."""
+    if not is_secret_name(match.group("name")):
+        return match.group(0)
+
+    def item(found: re.Match[str]) -> str:
+        if found.group("q"):
+            value = found.group("value")
+            return (
+                found.group(0) if not _is_value(value) else f"{found.group('q')}{REDACTED}{found.group('q')}"
+            )
+        value = found.group("bare")
+        if not _is_value(value) or re.match(r"[\w.\-]+:(?:\s|$)", value):  # "- name: regcred": a map
+            return found.group(0)
+        return found.group("dash") + _hide(value)
+
+    body = _LIST_ITEM.sub(item, match.group("body"))
+    start = match.start("body") - match.start()
+    return match.group(0)[:start] + body + match.group(0)[match.end("body") - match.start() :]
+
+
+_SQL_LITERAL = re.compile(r"'(?:[^']|'')*'|[^,\s][^,]*")
+
+
+def _sql_insert(match: re.Match[str]) -> str:
+    """The values an INSERT puts in secret-named columns (``password``, ``api_token``)."""
+    columns = [c.strip().strip('"`[]') for c in match.group("cols").split(",")]
+    values = list(_SQL_LITERAL.finditer(match.group("vals")))
+    secret = {i for i, column in enumerate(columns) if is_secret_name(column)}
+    if len(values) != len(columns) or not secret:
+        return match.group(0)
+    vals, out, last = match.group("vals"), [], 0
+    for index, value in enumerate(values):
+        literal = value.group(0).strip()
+        if index in secret and _is_value(literal):
+            out.append(vals[last : value.start()])
+            out.append(f"'{REDACTED}'" if literal.startswith("'") else REDACTED)
+            last = value.end()
+    if not out:
+        return match.group(0)
+    out.append(vals[last:])
+    start = match.start("vals") - match.start()
+    return match.group(0)[:start] + "".join(out) + match.group(0)[match.end("vals") - match.start() :]
 
 
 def _table_body(match: re.Match[str]) -> str:
@@ -601,8 +704,10 @@ def _command_output(match: re.Match[str]) -> str:
     return match.group(0)[: match.start("out") - match.start()] + "\n".join(lines)
 
 
+# Latin keywords are whole words (not "secrets.X", "/db/password", "password_min_length"); CJK ones
+# stand inside a run of word characters ("数据库密码是").
 _WORDS_ALT = "|".join(
-    re.escape(w) + (r"s?\b" if w.isascii() and w[-1].isalpha() else "")
+    (r"(?<![\w\-:/.])" + re.escape(w) + r"s?\b") if w.isascii() else re.escape(w)
     for w in sorted(PROSE_WORDS, key=len, reverse=True)
 )
 _LINKS_ALT = "|".join(
@@ -610,9 +715,9 @@ _LINKS_ALT = "|".join(
     for w in sorted(PROSE_LINKS, key=len, reverse=True)
 )
 # A bare value is one word that is not a flag nor a key=value pair of its own.
-_PROSE_VALUE = r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»|(?![\w.\-]+=)(?!-)[^\s\"'`]+)"
+_PROSE_VALUE = r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»|(?!(?-i:[a-z][a-z_]*)=)(?!-)[^\s\"'`]+)"
 _PROSE = re.compile(
-    rf"(?i)(?<![\w\-:/.])(?:{_WORDS_ALT})"
+    rf"(?i)(?:{_WORDS_ALT})"
     # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
     r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
     rf"[ \t]*(?:{_LINKS_ALT})[ \t]*"
@@ -628,7 +733,7 @@ _PROSE_USE_AS = re.compile(
 )
 
 # -- the entropy fallback: a random-looking string near a secret-like word ------------------------
-_CANDIDATE = re.compile(r"(?<![\w\-+/=.~])[A-Za-z0-9][A-Za-z0-9_\-+/.~]{15,}={0,2}(?![\w=])")
+_CANDIDATE = re.compile(r"(?<![\w\-+/.~])[A-Za-z0-9][A-Za-z0-9_\-+/.~]{15,}={0,2}(?![\w=])")
 _PATH = re.compile(r"[a-z0-9_.\-]*(?:/[a-z0-9_.\-]*)+")
 _WORD = re.compile(r"[^\W\d_]+|\d+")
 _FILLERS = frozenset(
@@ -715,12 +820,11 @@ def _near_secret_word(before: str) -> int | None:
             return None
         if word in ("key", "keys") or is_secret_name(word):
             previous = words[-index - 2] if index + 1 < len(words) else ""
-            # "checksum/secret", "hash_key", "cache key": a compound naming no secret
-            if previous in _ID_WORDS or (
-                previous and not is_secret_name(f"{previous}_{word}") and word == "key"
-            ):
+            # "checksum/secret", "hash_key": a digest or an address of data, not a secret
+            if previous in _ID_WORDS:
                 return None
-            return distance
+            # "idempotency_key=<uuid>", "cache key <sha>": an id; a random key stays suspect
+            return distance + (1 if previous in NOT_SECRET_KEYS and previous != "routing" else 0)
         if word not in _FILLERS:
             distance += 1
         if distance > 3:
@@ -734,23 +838,47 @@ def _entropy_fallback(text: str) -> tuple[str, int]:
     their shape is an id an incident is about (SHA, UUID, digest, trace id, pod hash), which is
     hidden only right after the word ("nomad token 5b7d..."), never after an id word."""
     out, last, found = [], 0, 0
-    for match in _CANDIDATE.finditer(text):
-        value = match.group(0).rstrip(".,")
-        if REDACTED in value or _PATH.fullmatch(value) or "://" in text[match.start() - 3 : match.start()]:
-            continue
-        if not looks_random(value.rstrip("=")):
-            continue
-        distance = _near_secret_word(text[: match.start()])
-        if distance is None or (distance > 0 and _NOT_SECRET_SHAPES.match(value)):
-            continue
-        out.append(text[last : match.start()])
-        out.append(REDACTED)
-        last = match.start() + len(value)
-        found += 1
+    for start, end in _hint_lines(text):
+        for match in _CANDIDATE.finditer(text, start, end):
+            value = match.group(0).rstrip(".,")
+            if match.start() < last or REDACTED in value or _PATH.fullmatch(value):
+                continue
+            if "://" in text[match.start() - 3 : match.start()] or not looks_random(value.rstrip("=")):
+                continue
+            distance = _near_secret_word(text[: match.start()])
+            if distance is None or distance > 3 or (distance > 0 and _NOT_SECRET_SHAPES.match(value)):
+                continue
+            out.append(text[last : match.start()])
+            out.append(REDACTED)
+            last = match.start() + len(value)
+            found += 1
     if not found:
         return text, 0
     out.append(text[last:])
     return "".join(out), found
+
+
+def _hint_lines(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the stretches of ``text`` from a secret-like word's stem to the end of its
+    line: the only places the entropy fallback looks (its word must come first, on that line)."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # lowercasing moved offsets (rare letters): look everywhere
+        return [(0, len(text))]
+    spans = []
+    for hint in SECRET_HINTS:
+        at = lowered.find(hint)
+        while at >= 0:
+            end = lowered.find("\n", at)
+            spans.append((at, len(text) if end < 0 else end))
+            at = lowered.find(hint, at + len(hint))
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 # Names may carry a domain prefix (annotation keys such as "example.com/db-password").
@@ -790,7 +918,7 @@ _RULES: list[_Rule] = [
             ),
             "authorization",
         ),
-        _keep_group(2),
+        _keep_literal(2),
     ),
     # Any other scheme, or none: a credential that reads like one (so "authorization: denied" stays).
     (
@@ -802,7 +930,7 @@ _RULES: list[_Rule] = [
             ),
             "authorization",
         ),
-        _keep_group(2),
+        _keep_literal(2),
     ),
     # A bearer credential has a digit or symbol in it, or is long: "bearer authentication" is prose.
     (
@@ -820,6 +948,32 @@ _RULES: list[_Rule] = [
             r"(--from-(?:literal|env)[= ](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>'[^'\n]*'|\"[^\"\n]*\"|\S+)"
         ),
         _from_literal,
+    ),
+    (
+        "cli_flag",
+        _gated(
+            re.compile(
+                r"""\[\s*(?:"(?:[^"\\\n]|\\.)*"|'[^'\n]*')(?:\s*,\s*(?:"(?:[^"\\\n]|\\.)*"|'[^'\n]*'))+\s*\]"""
+            ),
+            "[",
+        ),
+        _argument_array,
+    ),
+    # Twilio: an account or API key SID followed by its auth token or secret (Client(SID, TOKEN),
+    # SID:TOKEN basic auth).
+    (
+        "twilio_auth",
+        _gated(
+            # (no \b before the SID: a pattern starting with a letter scans fast; the replacement checks)
+            re.compile(r"(?:AC|SK)[0-9a-fA-F]{32}[\"']?[ \t]*[,:][ \t]*[\"']?(?P<value>[0-9a-zA-Z]{32})\b"),
+            "ac",
+            "sk",
+        ),
+        lambda m: (
+            _keep_group(1)(m)
+            if looks_random(m.group("value")) and not m.string[m.start() - 1 : m.start()].isalnum()
+            else m.group(0)
+        ),
     ),
     # Oracle's user/password@service (sqlplus, JDBC thin URLs).
     (
@@ -855,6 +1009,16 @@ _RULES: list[_Rule] = [
         re.compile(r"(?i)([?&](?:sig|x-amz-signature|x-goog-signature)=)([^&\s\"'#>|]+)"),
         _keep_group(2),
     ),
+    # A shell value quoted in pieces: PASSWORD='it'\''s' (the whole of it).
+    (
+        "named_value",
+        _gated(
+            re.compile(rf"(?<![\w.\-$])(?P<name>{_NAME})=(?P<value>'[^'\n]*'(?:\\''[^'\n]*')+)"),
+            "\\'",
+            words=True,
+        ),
+        _named_value,
+    ),
     # Secret managers' JSON: the value of a SecureString parameter, a sensitive Terraform output,
     # a Key Vault secret, a gcloud secret version's payload.
     (
@@ -877,25 +1041,26 @@ _RULES: list[_Rule] = [
         "command_output",
         _gated(
             re.compile(
-                r"(?im)^(?P<cmd>[^\n]*?\b(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
+                r"(?i)\b(?P<cmd>(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
                 r"|aws\s+secretsmanager\s+get-secret-value|az\s+keyvault\s+secret\s+show"
                 r"|gcloud\s+secrets\s+versions\s+access|terraform\s+output\s+(?:-raw\b|[a-z_][\w-]*[ \t]*$)"
                 r"|kubectl\s+get\s+secrets?\b[^\n]*(?:jsonpath|go-template|base64)"
                 r"|vault\s+(?:kv\s+get|read)\b[^\n]*-field|vault\s+operator\s+generate-root"
-                r"|op\s+read|doppler\s+secrets\s+get|kubeadm\s+token\s+(?:create|generate)"
+                r"|op read|doppler\s+secrets\s+get|kubeadm\s+token\s+(?:create|generate)"
                 r"|openssl\s+rand|pwgen|head\s+-c\s*\d+\s+/dev/urandom)[^\n]*)\r?\n"
                 # output lines up to the next prompt ($, #, >, PS ...>, user@host:)
                 r"(?P<out>(?:(?![ \t]*(?:[$#>%]|PS[^\n>]*>|\w[\w.-]*@[\w.-]+[:~ ]))"
-                r"[^\n]*\S[^\n]*(?:\n|\Z)){1,20})"
+                r"[^\n]*\S[^\n]*(?:\n|\Z)){1,20})",
+                re.M,
             ),
             "ssm",
             "secretsmanager",
             "keyvault",
             "gcloud",
-            "terraform",
-            "kubectl",
+            "output",
+            "secret",
             "vault",
-            "op",
+            "op read",
             "doppler",
             "kubeadm",
             "openssl",
@@ -929,13 +1094,15 @@ _RULES: list[_Rule] = [
     (
         "url_password",
         # Greedy up to the last "@" before the host: a raw "@" inside the password is kept hidden.
-        re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s\"']*:)([^\s/\"'<>|]+)(@)"),
+        # (The scheme before "://" is kept as it is; leaving it out of the pattern lets the scan
+        # jump from one "://" to the next.)
+        re.compile(r"(://[^:/@\s\"']*:)([^\s/\"'<>|]+)(@)"),
         _keep_group(2),
     ),
     # A key as the URL's user (Sentry DSNs, https://TOKEN@github.com): a random-looking user.
     (
         "url_password",
-        _gated(re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://(?P<value>[A-Za-z0-9_\-]{16,})@"), "://"),
+        _gated(re.compile(r"://(?P<value>[A-Za-z0-9_\-]{16,})@"), "://"),
         lambda m: _keep_group(1)(m) if looks_random(m.group("value")) else m.group(0),
     ),
     # XML: <password>v</password>, <entry key="db.password">v</entry>, <add key="ApiKey" value="v"/>.
@@ -962,6 +1129,30 @@ _RULES: list[_Rule] = [
         ),
         _named_value,
     ),
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"<(?P<name>[A-Za-z_][\w:.\-]*)\s(?:[^<>]*?\s)?value\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]*)(?P=q)"
+            ),
+            "value",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # SQL: INSERT INTO users (name, password) VALUES ('app', 'pw'): the values of secret columns.
+    (
+        "sql_password",
+        _gated(
+            re.compile(
+                r"(?is)\binsert\s+into\s+[\w.\"`\[\]]+\s*\((?P<cols>[^()]*)\)\s*values\s*"
+                r"\((?P<vals>(?:[^()']|'(?:[^']|'')*')*)\)"
+            ),
+            "insert",
+            words=True,
+        ),
+        _sql_insert,
+    ),
     # SQL: CREATE USER .. IDENTIFIED BY 'pw', .. WITH PASSWORD = 'pw', SET PASSWORD FOR u = 'pw'.
     (
         "sql_password",
@@ -978,11 +1169,29 @@ _RULES: list[_Rule] = [
         "sql_password",
         _gated(
             re.compile(
-                r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
+                r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)[NnEe]?(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
             ),
             "password",
         ),
         _quoted_literal,
+    ),
+    # Lists under a secret-named key: "unseal_keys_b64": ["..", ".."], YAML "- item" lines.
+    (
+        "named_value",
+        _gated(re.compile(r"\"(?P<name>[^\"\n]{1,80})\"\s*:\s*\[(?P<body>[^\[\]{}]*)\]"), "[", words=True),
+        _named_list,
+    ),
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?m)^(?P<i>[ \t]*)(?P<name>[\w.\-]+):[ \t]*\r?\n"
+                r"(?P<body>(?:(?P=i)[ \t]*-[ \t]+[^\n]+(?:\n|\Z))+)"
+            ),
+            "-",
+            words=True,
+        ),
+        _named_list,
     ),
     # Kubernetes env entries and similar name/value pairs in JSON.
     (
@@ -1180,7 +1389,8 @@ _RULES: list[_Rule] = [
         _gated(
             re.compile(
                 r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
-                r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+(?P<value>(?!-)[^\s\"'`,;]+)"
+                r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
+                r"(?P<value>(?![a-z][a-z_]*=)(?!-)[^\s\"'`,;]+)"
                 r"(?P<plausible>)"
             ),
             words=True,
@@ -1188,9 +1398,21 @@ _RULES: list[_Rule] = [
         _named_value,
     ),
     # Chat prose in the major languages: "the new prod db password is ...", "密码：...".
-    ("prose", _gated(_PROSE, words=True), _quoted_literal),
-    ("prose", _gated(_PROSE_USE_AS, "use", words=True), _quoted_literal),
     ("prose", _gated(_PROSE_BARE, words=True), _quoted_literal),
+    ("prose", _gated(_PROSE, words=True), _prose),
+    ("prose", _gated(_PROSE_USE_AS, "use", words=True), _quoted_literal),
+    # user:password after an auth-like word (haproxy's "stats auth admin:pw", "creds app:pw").
+    (
+        "prose",
+        _gated(
+            re.compile(
+                r"(?i)(?<![\w\-])(?:auth|basic-auth|creds?|credentials|userpass|login)[ \t:=]+[\w.@\-]{1,64}:"
+                r"(?P<value>[^\s@/\"']+)(?=[\s\"']|$)"
+            ),
+            words=True,
+        ),
+        _quoted_literal,
+    ),
 ]
 
 

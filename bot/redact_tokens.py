@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 
 _ALPHABETS = {
@@ -203,8 +204,9 @@ SHAPES: tuple[tuple[str, str, str], ...] = (
 )
 """Vendor formats without a literal prefix: (kind, literal every match holds, pattern)."""
 
-_RUN = re.compile(r"(?<![A-Za-z0-9_\-.~])[A-Za-z0-9][A-Za-z0-9_\-.~+]{11,}")
-"""A run of token characters (``/`` and ``=`` end a run: a token after ``=`` or ``/`` starts one)."""
+_RUN = re.compile(r"(?<![A-Za-z0-9_\-.~])[A-Za-z0-9](?=[A-Za-z0-9_\-.~+/]{15})[A-Za-z0-9_\-.~+]*")
+"""A run of token characters, 16 or more counting ``/`` (base64 keys hold it), ending before ``/``
+or ``=`` (so a token after ``=`` or in a URL path starts a run of its own)."""
 
 
 def _compile(token: Token) -> re.Pattern[str]:
@@ -248,11 +250,8 @@ CHECKSUMS = {"crc32-base62": crc32_base62}
 
 def entropy(text: str) -> float:
     """Shannon entropy of ``text`` in bits per character."""
-    counts: dict[str, int] = {}
-    for ch in text:
-        counts[ch] = counts.get(ch, 0) + 1
     size = len(text)
-    return -sum(n / size * math.log2(n / size) for n in counts.values())
+    return -sum(n / size * math.log2(n / size) for n in Counter(text).values())
 
 
 def looks_random(text: str) -> bool:

@@ -152,7 +152,7 @@ _METADATA_WORDS = frozenset(
     }
 )
 # Words before a final "key" that make it an address of data, not a credential.
-_NOT_SECRET_KEYS = frozenset(
+NOT_SECRET_KEYS = frozenset(
     {
         "public",
         "primary",
@@ -209,6 +209,12 @@ _NOT_SECRET_KEYS = frozenset(
         "pod",
         "sticky",
         "consistent",
+        # quantities of keys ("max_keys: 1000")
+        "max",
+        "min",
+        "num",
+        "number",
+        "total",
     }
 )
 # Words before a final "data" that make the value key or certificate material.
@@ -249,7 +255,7 @@ def is_secret_name(name: str) -> bool:
     # "api_key", "ENCRYPTION_KEY", "accountKey": a compound ending in key; bare "key" is too common
     # (tolerations, label selectors) to count, and so are keys that address data, not unlock it
     # ("cache_key", "routing_key", "partition_key", "idempotency_key").
-    if last in {"key", "keys"} and len(parts) >= 2 and parts[-2] not in _NOT_SECRET_KEYS:
+    if last in {"key", "keys"} and len(parts) >= 2 and parts[-2] not in NOT_SECRET_KEYS:
         return True
     if last in {"pw", "pwd"}:  # "db_pw", "rootPW", "adminPwd"
         return True
@@ -294,8 +300,8 @@ is a secret ("the new prod db password is ...", "das Passwort lautet ...", "密�
 
 PROSE_LINKS: tuple[str, ...] = (
     ":", "：", "=", "=>", "->", "→", "is", "is now", "are", "was", "was set to", "set to", "now",
-    "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "on", "är", "はは", "は",
-    "是", "为", "為", "는", "은", "это", "—", "-",
+    "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "on", "är", "は",
+    "是", "为", "為", "는", "은", "это", "—",
 )  # fmt: skip
 """What stands between a prose keyword and its value."""
 
@@ -303,7 +309,7 @@ _PLACEHOLDER = re.compile(
     r"""(?ix)
     # references to a secret kept elsewhere: the start says so
     ^(?:
-        \$|\{\{|<|%env|%\(|%\{|@microsoft\.keyvault\(|ref\+|op://|vault:|!vault|enc\[|sops:
+        \$|\{\{|\{\.|<|%env|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
       | arn:aws:secretsmanager:|arn:aws:ssm:|projects/[^/\s]+/secrets/|secretmanager://|awssm://
       | os\.environ|os\.getenv|process\.env|system\.getenv|env\(|getenv\(
     )

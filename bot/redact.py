@@ -134,6 +134,8 @@ def _named_value(match: re.Match[str]) -> str:
         return match.group(0)
     if value.isdigit() and match.string.startswith(" bytes", match.end("value")):
         return match.group(0)  # kubectl describe secret: "password:  16 bytes"
+    if match.string[match.end("value") : match.end("value") + 1] in ("(", "{"):
+        return match.group(0)  # a call or a template cut at its bracket: lookup(...), %{hiera(..)}
     if "plausible" in match.re.groupindex and not plausible_secret(value):
         return match.group(0)  # a bare "name value" pair: only a value that reads like a secret
     return _keep_group(match.re.groupindex["value"])(match)
@@ -143,7 +145,7 @@ def _named_value(match: re.Match[str]) -> str:
 # "password:  16 bytes" in kubectl describe, YAML block-scalar headers).
 _NOT_VALUES = frozenset(
     {"true", "false", "yes", "no", "on", "off", "enabled", "disabled", "required", "optional", "<none>"}
-    | {"|", ">", "|-", ">-", "|+", ">+", "''", '""', "-"}
+    | {"|", ">", "|-", ">-", "|+", ">+", "''", '""', "-", "~", "{}", "[]", "(none)", "<nil>"}
 )
 _BYTES = re.compile(r"\d+ bytes\Z")
 
@@ -154,8 +156,15 @@ def _is_value(value: str) -> bool:
     bare = value.strip().strip("\"'`")
     if value.strip().lower() in _NOT_VALUES or bare.lower() in _NOT_VALUES or REDACTED in bare:
         return False
-    # client-key: /etc/kubernetes/pki/admin.key names a file
-    return not (is_placeholder(bare) or _FILE_PATH.match(bare) or _BYTES.match(bare))
+    if _CALL.match(bare):  # password => lookup('db_password'), Secret(...): code that fetches one
+        return False
+    # client-key: /etc/kubernetes/pki/admin.key names a file; --secret-id prod/db names a secret
+    return not (is_placeholder(bare) or _FILE_PATH.match(bare) or _BYTES.match(bare) or _NAME_PATH.match(bare))
+
+
+_CALL = re.compile(r"(?:=?>\s*)?[A-Za-z_][\w.:]*\(")
+_NAME_PATH = re.compile(r"[a-z][a-z0-9_.\-]*(?:/[a-z][a-z0-9_.\-]*)+/?\Z")
+"""A relative path of lowercase words: the name of a secret in a manager, not its value."""
 
 
 # -- command lines of database, cache, HTTP, SSH and registry clients ------------------------------
@@ -562,6 +571,8 @@ def _quoted_literal(match: re.Match[str]) -> str:
     bare = value[1:-1] if quoted else value.rstrip(".,;:)!?")
     if not bare or not _is_value(bare) or not (quoted or plausible_secret(bare)):
         return match.group(0)
+    if not quoted and match.string[match.end("value") : match.end("value") + 1] in ("(", "{"):
+        return match.group(0)  # lookup('db_password'), a template
     head = match.group(0)[: match.start("value") - match.start()]
     tail = match.group(0)[match.end("value") - match.start() :]
     if quoted:
@@ -722,7 +733,7 @@ _PROSE = re.compile(
     r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
     rf"[ \t]*(?:{_LINKS_ALT})[ \t]*"
     # "creds are app / PW", "login: admin / PW"
-    r"(?:[\w.@\-]{1,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
+    r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
 )
 _PROSE_BARE = re.compile(
     rf"(?i)(?<![\w\-:/.])(?:password|passwd|pass|pw|pwd|passwort|senha|clave)[ \t]+{_PROSE_VALUE}"

@@ -149,6 +149,8 @@ _METADATA_WORDS = frozenset(
         "store",
         "storage",
         "manager",
+        "algo",
+        "alg",
     }
 )
 # Words before a final "key" that make it an address of data, not a credential.
@@ -309,7 +311,7 @@ _PLACEHOLDER = re.compile(
     r"""(?ix)
     # references to a secret kept elsewhere: the start says so
     ^(?:
-        \$|\{\{|\{\.|<|%env|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
+        \$|\{\{|\{\.|<|%env|![A-Za-z_]+(?:\s|$)|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
       | arn:aws:secretsmanager:|arn:aws:ssm:|projects/[^/\s]+/secrets/|secretmanager://|awssm://
       | os\.environ|os\.getenv|process\.env|system\.getenv|env\(|getenv\(
     )
@@ -334,6 +336,11 @@ def is_placeholder(value: str) -> bool:
 
 
 _WORDLIKE = re.compile(r"[^\W\d_]+(?:[-'][^\W\d_]+)*")
+# A relative path or a file name ("prod/db", "tests/auth.test.ts", "password.txt"): lowercase
+# segments, or a name with a file extension.
+_PATHLIKE = re.compile(
+    r"[a-z][a-z0-9_.\-]*(?:/[a-z0-9_.\-]+)+/?|[\w\-]+\.(?:txt|json|ya?ml|pem|key|crt|conf|env|ini|cfg|log|sh|py|ts|js)"
+)
 
 
 def plausible_secret(value: str) -> bool:
@@ -342,6 +349,8 @@ def plausible_secret(value: str) -> bool:
     digit, a symbol, or a capital after its first letter ("Harbor2024!" yes; "rotated", "required",
     "Harbor" no)."""
     if len(value) < 6 or is_placeholder(value) or value.startswith(("/", "./", "~/", "http://", "https://")):
+        return False
+    if _PATHLIKE.fullmatch(value):
         return False
     if _WORDLIKE.fullmatch(value):
         return any(ch.isupper() for ch in value[1:]) and not value.isupper()

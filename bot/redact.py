@@ -128,7 +128,9 @@ def _named_value(match: re.Match[str]) -> str:
     value = match.group("value")
     if name.strip("\"'_-").lower().endswith("auth") and _is_user_password(value.strip("\"'")):
         return _keep_group(match.re.groupindex["value"])(match)
-    if not value.strip("\\\"'") or value.startswith(REDACTED) or not is_secret_name(name):
+    # "pass": "pw" in JSON / YAML is a password; bare pass=12 is a test runner's count
+    secret_name = is_secret_name(name) or (name.strip("\"'").lower() == "pass" and not value.isdigit())
+    if not value.strip("\\\"'") or value.startswith(REDACTED) or not secret_name:
         return match.group(0)
     if not _is_value(value):
         return match.group(0)
@@ -159,7 +161,9 @@ def _is_value(value: str) -> bool:
     if _CALL.match(bare):  # password => lookup('db_password'), Secret(...): code that fetches one
         return False
     # client-key: /etc/kubernetes/pki/admin.key names a file; --secret-id prod/db names a secret
-    return not (is_placeholder(bare) or _FILE_PATH.match(bare) or _BYTES.match(bare) or _NAME_PATH.match(bare))
+    return not (
+        is_placeholder(bare) or _FILE_PATH.match(bare) or _BYTES.match(bare) or _NAME_PATH.match(bare)
+    )
 
 
 _CALL = re.compile(r"(?:=?>\s*)?[A-Za-z_][\w.:]*\(")
@@ -246,6 +250,7 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     (r"htpasswd", {}),
     (r"mc\s+(?:alias\s+set|config\s+host\s+add)", {}),
     (r"aws\s+configure\s+set", {}),
+    (r"(?:npm|yarn|pnpm)\s+config\s+set|git\s+config", {}),
 ]
 _CLIENT_SEGMENT = re.compile(
     r"(?<![\w\-.])(?P<cmd>"
@@ -299,8 +304,9 @@ def _positional_secrets(cmd: str, words: list[str]) -> list[int]:
         return args[1:2]
     if cmd.startswith("mc"):
         return args[3:4]
-    if cmd.startswith("aws"):
-        return args[1:2] if args and is_secret_name(words[args[0]]) else []
+    if cmd.startswith(("aws", "npm", "yarn", "pnpm", "git")):
+        # aws configure set NAME VALUE, npm config set //registry/:_authToken VALUE
+        return args[1:2] if args and is_secret_name(words[args[0]].rsplit(":", 1)[-1]) else []
     return []
 
 
@@ -557,6 +563,11 @@ def _prose(match: re.Match[str]) -> str:
     between = match.string[match.start() : match.start("value")]
     if re.search(r"\w[ \t]+\S*\w=", between):
         return match.group(0)
+    if "\n" in between:  # a value on the next line is that line's only word ("secret:\n  name: x" is YAML)
+        line_end = match.string.find("\n", match.end("value"))
+        rest = match.string[match.end("value") : line_end if line_end >= 0 else len(match.string)]
+        if rest.strip() or match.group("value").endswith(":"):
+            return match.group(0)
     return _quoted_literal(match)
 
 
@@ -631,6 +642,62 @@ def _sql_insert(match: re.Match[str]) -> str:
     return match.group(0)[:start] + "".join(out) + match.group(0)[match.end("vals") - match.start() :]
 
 
+_ACCESSORS = frozenset({
+    "get", "has", "is", "load", "read", "fetch", "lookup", "find", "check", "validate", "verify",
+    "reset", "rotate", "delete", "remove", "clear", "generate", "new", "create", "update", "encrypt",
+    "decrypt", "hash", "compare", "match", "mask", "redact",
+})  # fmt: skip
+"""First words of a method that takes the name of a secret, not its value (``getPassword("db")``)."""
+
+
+def _setter(match: re.Match[str]) -> str:
+    """``setPassword("pw")``, ``.withApiKey("k")``, ``.password("pw")``: a value handed to a
+    secret-named setter (not ``getPassword("db")``, which names what it fetches)."""
+    first = _WORD_SPLIT.split(match.group("name"))[0].lower() if match.group("name") else ""
+    if first in _ACCESSORS:
+        return match.group(0)
+    return _named_value(match)
+
+
+_WORD_SPLIT = re.compile(r"[_.\-/\s]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _block_scalar(match: re.Match[str]) -> str:
+    """A YAML block scalar (``password: |``) under a secret-named key: every line of it."""
+    if not is_secret_name(match.group("name")):
+        return match.group(0)
+    lines = match.group("body").split("\n")
+    hidden = [ln[: len(ln) - len(ln.lstrip())] + REDACTED if ln.strip() else ln for ln in lines]
+    return match.group(0)[: match.start("body") - match.start()] + "\n".join(hidden)
+
+
+_HEADER_CELL = re.compile(r"[A-Z][A-Za-z0-9_()\-]*(?: [A-Z][A-Za-z0-9_()\-]*)*")
+
+
+def _secret_column(match: re.Match[str]) -> str:
+    """A table whose header names a secret column (``TOKEN``, ``SECRET KEY``, ``PASSWORD``; as
+    ``kubeadm token list``, ``influx auth list`` print): that column of every row below it."""
+    header = match.group("head")
+    columns = [(c.start(), c.end(), c.group(0)) for c in _HEADER_CELL.finditer(header)]
+    secret = [
+        (start, end)
+        for start, end, name in columns
+        if is_secret_name(name) or name.upper() in ("TOKEN", "SECRET")
+    ]
+    if not secret:
+        return match.group(0)
+    rows = []
+    for row in match.group("rows").split("\n"):
+        for start, _ in reversed(secret):
+            if start >= len(row) or row[start].isspace() or (start and not row[start - 1].isspace()):
+                continue  # no cell starts under this column's header here
+            cell = re.split(r"\s{2,}", row[start:], maxsplit=1)[0].rstrip()
+            if _is_value(cell):
+                row = row[:start] + REDACTED + row[start + len(cell) :]
+        rows.append(row)
+    return match.group(0)[: match.start("rows") - match.start()] + "\n".join(rows)
+
+
 def _table_body(match: re.Match[str]) -> str:
     """``vault kv get``'s Data section: every row's value column (its keys name anything)."""
     out = []
@@ -644,6 +711,8 @@ def _table_body(match: re.Match[str]) -> str:
 
 
 _JSON_VALUE_KEY = re.compile(r"""("(?:Value|value|data|SecretString|secret_string)"\s*:\s*)""")
+_JWK_PRIVATE_KEY = re.compile(r"""("(?:d|p|q|dp|dq|qi|k)"\s*:\s*)""")
+"""A JSON Web Key's private members (RSA, EC, OKP; ``k`` of a symmetric key)."""
 
 
 def _json_value_end(text: str, start: int) -> int:
@@ -687,7 +756,8 @@ def _marked_values(match: re.Match[str]) -> str:
     ``data`` is hidden whole, whatever its key is called elsewhere."""
     rest = match.group("rest")
     out, last = [], 0
-    for key in _JSON_VALUE_KEY.finditer(rest):
+    keys = _JWK_PRIVATE_KEY if match.group("marker").startswith('"kty"') else _JSON_VALUE_KEY
+    for key in keys.finditer(rest):
         if key.start() < last:
             continue
         start = key.end()
@@ -722,21 +792,28 @@ _WORDS_ALT = "|".join(
     for w in sorted(PROSE_WORDS, key=len, reverse=True)
 )
 _LINKS_ALT = "|".join(
-    (r"\b" + re.escape(w) + r"\b" if w.isascii() and w[0].isalpha() else re.escape(w))
+    (r"\b" if w.isascii() and w[0].isalpha() else "")
+    + re.escape(w)
+    + (r"\b" if w.isascii() and w[-1].isalpha() else "")
     for w in sorted(PROSE_LINKS, key=len, reverse=True)
 )
 # A bare value is one word that is not a flag nor a key=value pair of its own.
 _PROSE_VALUE = r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»|(?!(?-i:[a-z][a-z_]*)=)(?!-)[^\s\"'`]+)"
 _PROSE = re.compile(
-    rf"(?i)(?:{_WORDS_ALT})"
+    rf"(?i)(?:{_WORDS_ALT})[*_]*"
     # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
     r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
-    rf"[ \t]*(?:{_LINKS_ALT})[ \t]*"
+    # a link, in Markdown emphasis or a table cell; the value may follow on the next line or in a
+    # code fence ("the token is:\n```\n...")
+    rf"[ \t]*[*_]*[ \t]*(?:{_LINKS_ALT}|\||(?<=\s)-(?=\s))[*_]*[ \t]*(?:\|[ \t]*)?"
+    r"(?:\r?\n(?:```\w*\r?\n)?[ \t]*)?"
     # "creds are app / PW", "login: admin / PW"
     r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
 )
+# "pass X", and Cisco's "password 7 X" / "enable secret 5 X" (the digit is the encoding type)
 _PROSE_BARE = re.compile(
-    rf"(?i)(?<![\w\-:/.])(?:password|passwd|pass|pw|pwd|passwort|senha|clave)[ \t]+{_PROSE_VALUE}"
+    r"(?i)(?<![\w\-:/.])(?:(?:password|passwd|pass|pw|pwd|passwort|senha|clave|community)[ \t]+"
+    rf"(?:[0-9][ \t]+)?|secret[ \t]+[0-9][ \t]+){_PROSE_VALUE}"
 )
 _PROSE_USE_AS = re.compile(
     rf"(?i)\buse[ \t]+{_PROSE_VALUE}[ \t]+as[ \t]+(?:the[ \t]+|a[ \t]+)?(?:new[ \t]+)?"
@@ -747,69 +824,16 @@ _PROSE_USE_AS = re.compile(
 _CANDIDATE = re.compile(r"(?<![\w\-+/.~])[A-Za-z0-9][A-Za-z0-9_\-+/.~]{15,}={0,2}(?![\w=])")
 _PATH = re.compile(r"[a-z0-9_.\-]*(?:/[a-z0-9_.\-]*)+")
 _WORD = re.compile(r"[^\W\d_]+|\d+")
-_FILLERS = frozenset(
-    [
-        "is",
-        "are",
-        "was",
-        "now",
-        "new",
-        "one",
-        "the",
-        "a",
-        "an",
-        "for",
-        "of",
-        "our",
-        "this",
-        "it",
-        "its",
-        "here",
-        "to",
-        "set",
-        "be",
-        "as",
-        "in",
-        "primary",
-        "secondary",
-        "value",
-        "current",
-        "rotated",
-        "updated",
-        "old",
-    ]
-)
-_ID_WORDS = frozenset(
-    [
-        "id",
-        "ids",
-        "uid",
-        "uuid",
-        "commit",
-        "sha",
-        "sha1",
-        "sha256",
-        "md5",
-        "digest",
-        "checksum",
-        "hash",
-        "trace",
-        "span",
-        "request",
-        "etag",
-        "revision",
-        "version",
-        "image",
-        "build",
-        "fingerprint",
-        "resourceversion",
-        "nonce",
-        "accessor",
-        "serial",
-        "file",
-        "path",
-    ]
-)
+_FILLERS = frozenset({
+    "is", "are", "was", "now", "new", "one", "the", "a", "an", "for", "of", "our", "this", "it",
+    "its", "here", "to", "set", "be", "as", "in", "primary", "secondary", "value", "current",
+    "rotated", "updated", "old",
+})  # fmt: skip
+_ID_WORDS = frozenset({
+    "id", "ids", "uid", "uuid", "commit", "sha", "sha1", "sha256", "md5", "digest", "checksum",
+    "hash", "trace", "span", "request", "etag", "revision", "version", "image", "build",
+    "fingerprint", "resourceversion", "nonce", "accessor", "serial", "file", "path",
+})  # fmt: skip
 _NOT_SECRET_SHAPES = re.compile(
     r"""(?x)^(?:
         [0-9a-f]{7,12}|[0-9a-f]{40}|[0-9a-f]{64}|[0-9A-F]{40}|[0-9A-F]{64}   # git SHAs, sha256 digests
@@ -900,8 +924,8 @@ _RULES: list[_Rule] = [
     (
         "private_key",
         re.compile(
-            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-            r"(?:[\s\S]*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|[\s\S]*?(?=\n\s*\n|\"|\Z))"
+            r"-----BEGIN(?P<label>[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?| OpenVPN Static key V1)-----"
+            r"(?:[\s\S]*?-----END(?P=label)-----|[\s\S]*?(?=\n\s*\n|\"|\Z))"
         ),
         _whole,
     ),
@@ -1030,13 +1054,60 @@ _RULES: list[_Rule] = [
         ),
         _named_value,
     ),
+    # GitHub Actions' ::add-mask::VALUE (the value a workflow asks to hide) and a literal piped
+    # into a client that reads its password from stdin.
+    ("ci_mask", _gated(re.compile(r"::add-mask::(?P<value>[^\n]+)"), "::add-mask::"), _keep_group(1)),
+    (
+        "cli_flag",
+        _gated(
+            re.compile(
+                r"\b(?:echo|printf)(?:[ \t]+-[neE]+)*(?:[ \t]+'%s[^']*')?[ \t]+"
+                r"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|[^\s|;&]+)[ \t]*\|[^\n|]*?"
+                r"(?:--password-stdin|--pass(?:word)?-stdin|chpasswd|passwd\b|--from-file=\S*/dev/stdin)"
+            ),
+            "stdin",
+            "passwd",
+        ),
+        _quoted_literal,
+    ),
+    # A table whose header names a secret column (kubeadm token list, influx auth list, ...).
+    (
+        "secret_column",
+        _gated(
+            re.compile(
+                r"(?m)^(?P<head>[ \t]*[A-Z][A-Za-z0-9_()\-]*(?: [A-Z][A-Za-z0-9_()\-]*)*"
+                r"(?:[ \t]{2,}[A-Z][A-Za-z0-9_()\-]*(?: [A-Z][A-Za-z0-9_()\-]*)*)+)[ \t]*\r?\n"
+                r"(?P<rows>(?:[^\n]*\S[^\n]*(?:\n|\Z))+)"
+            ),
+            words=True,
+        ),
+        _secret_column,
+    ),
+    # YAML block scalars under a secret-named key (password: |, tls.key: >-).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?m)^(?P<i>[ \t]*)(?:-[ \t]+)?(?P<name>[\w.\-/]+)[ \t]*:[ \t]*[|>][-+]?[ \t]*\r?\n"
+                r"(?P<body>(?:(?P=i)[ \t]+\S[^\n]*(?:\n|\Z)|[ \t]*\r?\n(?=(?P=i)[ \t]+\S))+)"
+            ),
+            words=True,
+        ),
+        _block_scalar,
+    ),
+    # PuTTY key files: the private lines.
+    (
+        "private_key",
+        _gated(re.compile(r"(Private-Lines:[ \t]*\d+\r?\n)((?:[A-Za-z0-9+/=]+\r?\n?)+)"), "private-lines"),
+        lambda m: m.group(1) + REDACTED + ("\n" if m.group(2).endswith("\n") else ""),
+    ),
     # Secret managers' JSON: the value of a SecureString parameter, a sensitive Terraform output,
     # a Key Vault secret, a gcloud secret version's payload.
     (
         "secret_manager",
         _gated(
             re.compile(
-                r"(?P<marker>\"Type\"\s*:\s*\"SecureString\"|\"sensitive\"\s*:\s*true"
+                r"(?P<marker>\"Type\"\s*:\s*\"SecureString\"|\"sensitive\"\s*:\s*true|\"kty\"\s*:\s*\"\w+\""
                 r"|\.vault\.azure\.(?:net|cn|us)/secrets/[^\"\s]*\"|\"payload\"\s*:\s*\{)"
                 r"(?P<rest>(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*)"
             ),
@@ -1044,6 +1115,7 @@ _RULES: list[_Rule] = [
             "sensitive",
             "vault.azure.",
             "payload",
+            "kty",
         ),
         _marked_values,
     ),
@@ -1242,6 +1314,73 @@ _RULES: list[_Rule] = [
             words=True,
         ),
         _yaml_env,
+    ),
+    # Terraform: variable "db_password" { default = "pw" }.
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"\bvariable\s+\"(?P<name>[^\"\n]+)\"\s*\{[^{}]*?\bdefault\s*=\s*\"(?P<value>[^\"\n]*)\""
+            ),
+            "variable",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # login("user", "pw"), client.auth("admin", "pw"), basic_auth=("user", "pw").
+    (
+        "cli_flag",
+        _gated(
+            re.compile(
+                r"(?i)\b(?:auth|basic_?auth|login|log_in|authenticate|credentials|set_credentials|connect)"
+                r"\s*[(=]\s*\(?\s*(?P<q>[\"'])[^\"'\n]{1,64}(?P=q)\s*,\s*(?P<q2>[\"'])(?P<value>[^\"'\n]+)(?P=q2)"
+            ),
+            "auth",
+            "login",
+            "credentials",
+            "connect",
+        ),
+        _keep_group(3),
+    ),
+    # ("DB_PASSWORD", "pw") as a call's arguments (define(), os.environ.setdefault(), a pair in a
+    # list): only a value that reads like a secret ("password", "token" lists of names stay).
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?P<q>[\"'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)\s*,\s*"
+                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)(?P<plausible>)"
+            ),
+            ",",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # env["DB_PASSWORD"] = "pw", $_ENV['API_KEY'] = 'k', config[:token] = "t".
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"\[\s*(?::|(?P<q>[\"']))(?P<name>[A-Za-z_][\w.\-]*)(?P=q)?\s*\]\s*=\s*"
+                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
+            ),
+            "]",
+            words=True,
+        ),
+        _named_value,
+    ),
+    # setPassword("pw"), .withApiKey("k"), .password("pw").
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?:\b(?:set|with)|\.)(?P<name>[A-Za-z_]\w*)\(\s*(?P<q>[\"'])"
+                r"(?P<value>(?:(?!(?P=q))[^\\\n]|\\.)+)(?P=q)\s*\)"
+            ),
+            "(",
+            words=True,
+        ),
+        _setter,
     ),
     # A flag whose value is on the next line (ps output, a wrapped command line).
     (

@@ -54,6 +54,7 @@ _SECRET_WORDS = frozenset(
         "secretid",
         "clientsec",
         "sessiontoken",
+        "community",
     }
 )
 # A last component that says the value is metadata about a secret, not the secret itself.
@@ -277,7 +278,7 @@ def is_secret_name(name: str) -> bool:
 SECRET_HINTS: tuple[str, ...] = (
     "pass", "pwd", "pw", "sec", "secret", "token", "key", "cred", "auth", "sas", "cookie", "session",
     "dsn", "psk", "encrypt", "senha", "clave", "wachtwoord", "kennwort", "mdp", "parola", "heslo",
-    "haslo", "sifre", "salasana", "jelszo", "geheim", "identified",
+    "haslo", "sifre", "salasana", "jelszo", "geheim", "identified", "community",
 )  # fmt: skip
 """Lowercase ASCII strings one of which every secret name (:func:`is_secret_name`) and every prose
 keyword (:data:`PROSE_WORDS`) written in ASCII holds: an ASCII text holding none of them has no
@@ -303,7 +304,7 @@ is a secret ("the new prod db password is ...", "das Passwort lautet ...", "密�
 PROSE_LINKS: tuple[str, ...] = (
     ":", "：", "=", "=>", "->", "→", "is", "is now", "are", "was", "was set to", "set to", "now",
     "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "on", "är", "は",
-    "是", "为", "為", "는", "은", "это", "—",
+    "是", "为", "為", "는", "은", "это", "—", "–",
 )  # fmt: skip
 """What stands between a prose keyword and its value."""
 

@@ -1077,7 +1077,7 @@ _RULES: list[_Rule] = [
             re.compile(
                 r"(?m)^(?P<head>[ \t]*[A-Z][A-Za-z0-9_()\-]*(?: [A-Z][A-Za-z0-9_()\-]*)*"
                 r"(?:[ \t]{2,}[A-Z][A-Za-z0-9_()\-]*(?: [A-Z][A-Za-z0-9_()\-]*)*)+)[ \t]*\r?\n"
-                r"(?P<rows>(?:[^\n]*\S[^\n]*(?:\n|\Z))+)"
+                r"(?P<rows>(?:[ \t]*\S[^\n]*(?:\n|\Z))+)"
             ),
             words=True,
         ),
@@ -1133,7 +1133,7 @@ _RULES: list[_Rule] = [
                 r"|openssl\s+rand|pwgen|head\s+-c\s*\d+\s+/dev/urandom)[^\n]*)\r?\n"
                 # output lines up to the next prompt ($, #, >, PS ...>, user@host:)
                 r"(?P<out>(?:(?![ \t]*(?:[$#>%]|PS[^\n>]*>|\w[\w.-]*@[\w.-]+[:~ ]))"
-                r"[^\n]*\S[^\n]*(?:\n|\Z)){1,20})",
+                r"[ \t]*\S[^\n]*(?:\n|\Z)){1,20})",
                 re.M,
             ),
             "ssm",
@@ -1156,7 +1156,7 @@ _RULES: list[_Rule] = [
     (
         "vault_data",
         _gated(
-            re.compile(r"(?m)^=+ (?:Secret )?Data =+[ \t]*\r?\n(?P<body>(?:[^\n]*\S[^\n]*(?:\n|\Z))+)"),
+            re.compile(r"(?m)^=+ (?:Secret )?Data =+[ \t]*\r?\n(?P<body>(?:[ \t]*\S[^\n]*(?:\n|\Z))+)"),
             "data =",
         ),
         _table_body,
@@ -1333,12 +1333,16 @@ _RULES: list[_Rule] = [
         _gated(
             re.compile(
                 r"(?i)\b(?:auth|basic_?auth|login|log_in|authenticate|credentials|set_credentials|connect)"
-                r"\s*[(=]\s*\(?\s*(?P<q>[\"'])[^\"'\n]{1,64}(?P=q)\s*,\s*(?P<q2>[\"'])(?P<value>[^\"'\n]+)(?P=q2)"
+                r"(?:\(|=\(|=[ \t]+\()[ \t]*(?P<q>[\"'])[^\"'\n]{1,64}(?P=q)\s*,\s*"
+                r"(?P<q2>[\"'])(?P<value>[^\"'\n]+)(?P=q2)"
             ),
-            "auth",
-            "login",
-            "credentials",
-            "connect",
+            "auth(",
+            "auth=",
+            "login(",
+            "log_in(",
+            "authenticate(",
+            "credentials(",
+            "connect(",
         ),
         _keep_group(3),
     ),

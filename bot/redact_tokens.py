@@ -204,9 +204,9 @@ SHAPES: tuple[tuple[str, str, str], ...] = (
 )
 """Vendor formats without a literal prefix: (kind, literal every match holds, pattern)."""
 
-_RUN = re.compile(r"(?<![A-Za-z0-9_\-.~])[A-Za-z0-9](?=[A-Za-z0-9_\-.~+/]{15})[A-Za-z0-9_\-.~+]*")
-"""A run of token characters, 16 or more counting ``/`` (base64 keys hold it), ending before ``/``
-or ``=`` (so a token after ``=`` or in a URL path starts a run of its own)."""
+_RUN = re.compile(r"(?<![A-Za-z0-9_\-.~])[A-Za-z0-9](?=[A-Za-z0-9_\-.~+/=]{15})[A-Za-z0-9_\-.~+]*")
+"""A run of token characters, 16 or more counting ``/`` and ``=`` (base64 keys hold them), ending
+before ``/`` or ``=`` (so a token after ``=`` or in a URL path starts a run of its own)."""
 
 
 def _compile(token: Token) -> re.Pattern[str]:

@@ -278,7 +278,8 @@ def is_secret_name(name: str) -> bool:
 SECRET_HINTS: tuple[str, ...] = (
     "pass", "pwd", "pw", "sec", "secret", "token", "key", "cred", "auth", "sas", "cookie", "session",
     "dsn", "psk", "encrypt", "senha", "clave", "wachtwoord", "kennwort", "mdp", "parola", "heslo",
-    "haslo", "sifre", "salasana", "jelszo", "geheim", "identified", "community",
+    "haslo", "sifre", "salasana", "jelszo", "geheim", "identified", "community", "cert", "crt",
+    "pem", "p12", "pfx", "sandi",
 )  # fmt: skip
 """Lowercase ASCII strings one of which every secret name (:func:`is_secret_name`) and every prose
 keyword (:data:`PROSE_WORDS`) written in ASCII holds: an ASCII text holding none of them has no

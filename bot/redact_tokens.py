@@ -264,7 +264,7 @@ def looks_random(text: str) -> bool:
     if any(c.isupper() for c in text) and any(c.islower() for c in text):
         return entropy(text) >= min(3.6, math.log2(len(text)) - 0.7)
     # one case only (lowercase base36 keys): longer, and as varied as random text of that alphabet
-    return len(text) >= 20 and entropy(text) >= 3.9
+    return len(text) >= 20 and entropy(text) >= min(3.7, math.log2(len(text)) - 0.8)
 
 
 def _accepts(token: Token, value: str) -> bool:

@@ -313,7 +313,8 @@ _PLACEHOLDER = re.compile(
     r"""(?ix)
     # references to a secret kept elsewhere: the start says so
     ^(?:
-        \$|\{\{|\{\.|<|%env|![A-Za-z_]+(?:\s|$)|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
+        \$(?:\{|\(|[A-Za-z_][A-Za-z0-9_]*(?:$|[^$A-Za-z0-9_])|$)  # $VAR, ${VAR}, $(cmd); not $6$salt$hash
+      | \{\{|\{\.|<|%env|![A-Za-z_]+(?:\s|$)|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
       | arn:aws:secretsmanager:|arn:aws:ssm:|projects/[^/\s]+/secrets/|secretmanager://|awssm://
       | os\.environ|os\.getenv|process\.env|system\.getenv|env\(|getenv\(
     )

@@ -33,6 +33,7 @@ from bot.redact_words import (
     SECRET_HINTS,
     is_placeholder,
     is_secret_name,
+    looks_like_path,
     plausible_secret,
 )
 
@@ -129,7 +130,8 @@ def _named_value(match: re.Match[str]) -> str:
     if name.strip("\"'_-").lower().endswith("auth") and _is_user_password(value.strip("\"'")):
         return _keep_group(match.re.groupindex["value"])(match)
     # "pass": "pw" in JSON / YAML is a password; bare pass=12 is a test runner's count
-    secret_name = is_secret_name(name) or (name.strip("\"'").lower() == "pass" and not value.isdigit())
+    quoted_name = "q" in match.re.groupindex and match.group("q") is not None
+    secret_name = is_secret_name(name) or (quoted_name and name.lower() == "pass" and not value.isdigit())
     if not value.strip("\\\"'") or value.startswith(REDACTED) or not secret_name:
         return match.group(0)
     if not _is_value(value):
@@ -582,6 +584,8 @@ def _quoted_literal(match: re.Match[str]) -> str:
     bare = value[1:-1] if quoted else value.rstrip(".,;:)!?")
     if not bare or not _is_value(bare) or not (quoted or plausible_secret(bare)):
         return match.group(0)
+    if quoted and value[0] == "`" and looks_like_path(bare):
+        return match.group(0)  # "did pass there: `tests/gpu/test_x.py`": code, not a password
     if not quoted and match.string[match.end("value") : match.end("value") + 1] in ("(", "{"):
         return match.group(0)  # lookup('db_password'), a template
     head = match.group(0)[: match.start("value") - match.start()]
@@ -788,7 +792,7 @@ def _command_output(match: re.Match[str]) -> str:
 # Latin keywords are whole words (not "secrets.X", "/db/password", "password_min_length"); CJK ones
 # stand inside a run of word characters ("数据库密码是").
 _WORDS_ALT = "|".join(
-    (r"(?<![\w\-:/.])" + re.escape(w) + r"s?\b") if w.isascii() else re.escape(w)
+    (r"(?<![\w\-:/.$])" + re.escape(w) + r"s?\b") if w.isascii() else re.escape(w)
     for w in sorted(PROSE_WORDS, key=len, reverse=True)
 )
 _LINKS_ALT = "|".join(
@@ -798,7 +802,10 @@ _LINKS_ALT = "|".join(
     for w in sorted(PROSE_LINKS, key=len, reverse=True)
 )
 # A bare value is one word that is not a flag nor a key=value pair of its own.
-_PROSE_VALUE = r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»|(?!(?-i:[a-z][a-z_]*)=)(?!-)[^\s\"'`]+)"
+_PROSE_VALUE = (
+    r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»"
+    r"|(?!(?-i:[A-Z][A-Z0-9_]*|[a-z][a-z0-9_]*)=)(?!-)[^\s\"'`]+)"
+)
 _PROSE = re.compile(
     rf"(?i)(?:{_WORDS_ALT})[*_]*"
     # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
@@ -812,7 +819,7 @@ _PROSE = re.compile(
 )
 # "pass X", and Cisco's "password 7 X" / "enable secret 5 X" (the digit is the encoding type)
 _PROSE_BARE = re.compile(
-    r"(?i)(?<![\w\-:/.])(?:(?:password|passwd|pass|pw|pwd|passwort|senha|clave|community)[ \t]+"
+    r"(?i)(?<![\w\-:/.$])(?:(?:password|passwd|pass|pw|pwd|passwort|senha|clave|community)[ \t]+"
     rf"(?:[0-9][ \t]+)?|secret[ \t]+[0-9][ \t]+){_PROSE_VALUE}"
 )
 _PROSE_USE_AS = re.compile(
@@ -1180,7 +1187,7 @@ _RULES: list[_Rule] = [
         # (The scheme before "://" is kept as it is; leaving it out of the pattern lets the scan
         # jump from one "://" to the next.)
         re.compile(r"(://[^:/@\s\"']*:)([^\s/\"'<>|]+)(@)"),
-        _keep_group(2),
+        _keep_literal(2),
     ),
     # A key as the URL's user (Sentry DSNs, https://TOKEN@github.com): a random-looking user.
     (
@@ -1544,7 +1551,7 @@ _RULES: list[_Rule] = [
             re.compile(
                 r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
                 r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
-                r"(?P<value>(?![a-z][a-z_]*=)(?!-)[^\s\"'`,;]+)"
+                r"(?P<value>(?![A-Z][A-Z0-9_]*=|[a-z][a-z0-9_]*=)(?![-(\[{])[^\s\"'`,;]+)"
                 r"(?P<plausible>)"
             ),
             words=True,

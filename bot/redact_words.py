@@ -304,7 +304,7 @@ is a secret ("the new prod db password is ...", "das Passwort lautet ...", "密�
 
 PROSE_LINKS: tuple[str, ...] = (
     ":", "：", "=", "=>", "->", "→", "is", "is now", "are", "was", "was set to", "set to", "now",
-    "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "on", "är", "は",
+    "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "är", "は",
     "是", "为", "為", "는", "은", "это", "—", "–",
 )  # fmt: skip
 """What stands between a prose keyword and its value."""
@@ -314,7 +314,7 @@ _PLACEHOLDER = re.compile(
     # references to a secret kept elsewhere: the start says so
     ^(?:
         \$(?:\{|\(|[A-Za-z_][A-Za-z0-9_]*(?:$|[^$A-Za-z0-9_])|$)  # $VAR, ${VAR}, $(cmd); not $6$salt$hash
-      | \{\{|\{\.|<|%env|![A-Za-z_]+(?:\s|$)|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
+      | \{\{|\{\.|\{[A-Za-z_][\w.]*\}|<|%env|![A-Za-z_]+(?:\s|$)|%\(|%\{|@microsoft\.keyvault|ref\+|op://|vault:|!vault|enc(?:\[|$)|sops:
       | arn:aws:secretsmanager:|arn:aws:ssm:|projects/[^/\s]+/secrets/|secretmanager://|awssm://
       | os\.environ|os\.getenv|process\.env|system\.getenv|env\(|getenv\(
     )
@@ -351,10 +351,19 @@ def plausible_secret(value: str) -> bool:
     or key rather than a word: at least 6 characters, not a placeholder, path or URL, and holding a
     digit, a symbol, or a capital after its first letter ("Harbor2024!" yes; "rotated", "required",
     "Harbor" no)."""
+    # brackets, Markdown and sentence punctuation around a word are prose, not symbols of a password
+    value = value.strip("([{`*_").rstrip(")]}`*_.,;:!?")
     if len(value) < 6 or is_placeholder(value) or value.startswith(("/", "./", "~/", "http://", "https://")):
         return False
-    if _PATHLIKE.fullmatch(value):
+    if looks_like_path(value):
         return False
     if _WORDLIKE.fullmatch(value):
         return any(ch.isupper() for ch in value[1:]) and not value.isupper()
+    if value.isalnum() and value.islower() and len(value) < 8:  # "base64", "sha256", "burst64"
+        return False
     return any(not ch.isalpha() for ch in value) and not value.replace(".", "").replace(",", "").isdigit()
+
+
+def looks_like_path(value: str) -> bool:
+    """True for a relative path or a file name ("prod/db", "tests/auth.test.ts", "password.txt")."""
+    return bool(_PATHLIKE.fullmatch(value))

@@ -16,7 +16,6 @@ each call so every call is a full pass, as the first pass over a new section or 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_meta import package_versions, run_meta  # noqa: E402
+from run_meta import cpu_model, git_commit, package_versions, run_meta, write_results  # noqa: E402
 
 _EVENTS = [
     "2026-12-04T10:{m:02d}:03Z payments pod/payments-api-7d9f8b6c5-x2x9k BackOff x{n}: Back-off "
@@ -139,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_meta([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     meta.update(package_versions("bot"))
     meta["module"] = str(Path(bot.redact.__file__).resolve())
-    meta["commit"] = _commit(Path(bot.redact.__file__).resolve().parent)
-    meta["cpu"] = _cpu_model()
+    meta["commit"] = git_commit(Path(bot.redact.__file__).resolve().parent)
+    meta["cpu"] = cpu_model()
     results = {name: measure(run, args.loops, args.repeats) for name, run in cases().items()}
     lines = [
         f"# redact_bench {args.label}",
@@ -156,34 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(lines))
     if args.out:
-        stem = args.out / f"redact_bench-{meta['date'][:10]}-{args.label}"
-        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_results(
+            args.out / f"redact_bench-{meta['date'][:10]}-{args.label}",
+            {"meta": meta, "results": results},
+            lines,
+        )
     return 0
-
-
-def _cpu_model() -> str:
-    """The processor's model name from /proc/cpuinfo ("unknown" elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def _commit(folder: Path) -> str:
-    """The git commit of the checkout holding ``folder`` ("unknown" outside one)."""
-    import subprocess
-
-    done = subprocess.run(
-        ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "redaction" / "corpus"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_meta import package_versions, run_meta  # noqa: E402
+from run_meta import cpu_model, git_commit, package_versions, run_meta, write_results  # noqa: E402
 
 CORPORA = {
     "first": ("secrets.jsonl", "benign.jsonl"),
@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     report = evaluate(DETECTORS[args.detector](), args.failures)
     meta = run_meta([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     meta.update(package_versions("bot", "detect_secrets"))
+    meta["commit"] = git_commit(ROOT)
+    meta["cpu"] = cpu_model()
     label = args.label or args.detector
     lines = [
         f"# redact_eval {label}",
@@ -164,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print("\n".join(lines))
     if args.out:
-        stem = args.out / f"redact_eval-{meta['date'][:10]}-{label}"
-        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "report": report}, indent=2) + "\n")
-        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_results(
+            args.out / f"redact_eval-{meta['date'][:10]}-{label}", {"meta": meta, "report": report}, lines
+        )
     return 0
 
 

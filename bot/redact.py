@@ -2,16 +2,33 @@
 passes through :func:`redact` first.
 
 What is replaced (by ``[REDACTED]``; names of keys, URL users and auth schemes are kept so the text
-still reads): private key blocks; bearer / basic / token ``Authorization`` credentials; tokens of
-known shapes (AWS access key ids, GCP API keys and OAuth tokens, GitHub, GitLab, Slack, Stripe,
-npm, Hugging Face, OpenAI-style ``sk-`` keys, SendGrid, JWTs, Slack webhook URLs); passwords in
-URLs (``scheme://user:pw@host``); and the value of any ``key=value`` / ``key: value`` /
-``"key": "value"`` / ``--key value`` whose key is named like a secret (``*secret*``, ``*token*``,
-``*password*``, ``*credential*``, ``api_key``, ``*_KEY``), including Kubernetes env entries
-(``{"name": "DB_PASSWORD", "value": ...}``).
+still reads), in one pass of rules over the text:
 
-Ordinary text is left alone on purpose: there is no "high entropy string" rule, because pod-name
-hashes, image digests, commit SHAs and UUIDs are what an incident is about.
+- vendor tokens, wherever they stand: one table of formats (prefix, alphabet, length, checksum;
+  :mod:`bot.redact_tokens`), incoming-webhook and bot URLs, JWTs, private key blocks (PEM, base64
+  of PEM, OpenSSH, PuTTY, OpenVPN);
+- values a name marks as secret (:func:`bot.redact_words.is_secret_name`: ``*password*``,
+  ``*secret*``, ``*token*``, ``api_key``, ``*_KEY``, ``requirepass``, ``Unseal Key 1``, ...) in any
+  syntax: ``key=value`` and whole ``NAME=value`` lines, YAML, JSON (also escaped, in arrays and
+  lists), INI / TOML, XML elements and attributes, HTTP headers, Go / Java / Python struct dumps,
+  flags with their value in the same or the next word or line, argument arrays, setters, SQL
+  (``IDENTIFIED BY``, ``PASSWORD '..'``, ``INSERT`` into secret columns), URL-encoded pairs;
+- command lines of database, cache, HTTP, SSH and registry clients; passwords in URLs;
+- secret managers' and cluster tools' output (``vault operator init`` / ``read`` / ``kv get``,
+  ``aws ssm`` / ``secretsmanager``, ``az keyvault``, ``gcloud secrets``, ``terraform output``,
+  ``kubeadm token list``, ``kubectl get secret``): by their labels, tables, JSON markers and the
+  lines a secret-printing command writes;
+- chat prose in the major languages ("the new prod db password is ...", "das Passwort lautet",
+  "密码：...") when the value reads like a secret (:func:`bot.redact_words.plausible_secret`);
+- and, last, a random-looking string shortly after a secret-like word on its line (the entropy
+  fallback), unless its shape is an id an incident is about (SHA, UUID, digest, trace id, pod
+  hash) and the word is not right before it.
+
+Left alone on purpose: placeholders and references (``${VAR}``, ``{{ .Values.x }}``,
+``${{ secrets.X }}``, ``****``, ``ref+vault://..``, ``secretKeyRef`` names, ``checksum/secret``,
+``--discovery-token-ca-cert-hash sha256:..``), and the hashes, digests and ids that an incident is
+about. On ASCII text a rule is skipped where its literals (or any secret-like word) are absent,
+so a text with no secret costs little (bench/redact_bench.py).
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from bot.redact_words import (
     PROSE_LINKS,
     PROSE_WORDS,
     SECRET_HINTS,
+    WORD_SPLIT,
     is_placeholder,
     is_secret_name,
     looks_like_path,
@@ -657,13 +675,10 @@ _ACCESSORS = frozenset({
 def _setter(match: re.Match[str]) -> str:
     """``setPassword("pw")``, ``.withApiKey("k")``, ``.password("pw")``: a value handed to a
     secret-named setter (not ``getPassword("db")``, which names what it fetches)."""
-    first = _WORD_SPLIT.split(match.group("name"))[0].lower() if match.group("name") else ""
+    first = WORD_SPLIT.split(match.group("name"))[0].lower() if match.group("name") else ""
     if first in _ACCESSORS:
         return match.group(0)
     return _named_value(match)
-
-
-_WORD_SPLIT = re.compile(r"[_.\-/\s]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
 def _block_scalar(match: re.Match[str]) -> str:
@@ -923,6 +938,8 @@ def _hint_lines(text: str) -> list[tuple[int, int]]:
     return merged
 
 
+_WEBHOOKS = [(kind, needle, re.compile(pattern)) for kind, needle, pattern in WEBHOOKS]
+
 # Names may carry a domain prefix (annotation keys such as "example.com/db-password").
 _NAME = r"[A-Za-z_][A-Za-z0-9_.\-/]{0,120}"
 _VALUE = r"[^\s\"'`,;&<>(){}\[\]]+"
@@ -945,8 +962,8 @@ _RULES: list[_Rule] = [
     ("base64_embedded", _B64_RUN, _b64_embedded),
     # Incoming-webhook and bot URLs carry their secret in the path or query (a table of data).
     *(
-        (kind, _gated(re.compile(pattern), needle), _keep_group(re.compile(pattern).groupindex["secret"]))
-        for kind, needle, pattern in WEBHOOKS
+        (kind, _gated(pattern, needle), _keep_group(pattern.groupindex["secret"]))
+        for kind, needle, pattern in _WEBHOOKS
     ),
     # Authorization headers: keep the scheme, drop the credential.
     (

@@ -224,7 +224,8 @@ NOT_SECRET_KEYS = frozenset(
 _MATERIAL_WORDS = frozenset(
     {"key", "cert", "certificate", "crt", "token", "secret", "password", "pem", "keystore", "p12", "pfx"}
 )
-_WORD_SPLIT = re.compile(r"[_.\-/\s]+|(?<=[a-z0-9])(?=[A-Z])")
+WORD_SPLIT = re.compile(r"[_.\-/\s]+|(?<=[a-z0-9])(?=[A-Z])")
+"""Where a name splits into words: separators and lower-to-upper case changes ("dbPassword")."""
 
 
 # Last components naming only how the value is written ("unseal_keys_b64", "root_token_hex") and
@@ -239,7 +240,7 @@ def is_secret_name(name: str) -> bool:
     """True when a key or variable named ``name`` holds a secret (``DB_PASSWORD``, ``apiKey``,
     ``ENCRYPTION_KEY``, ``requirepass``, ``Unseal Key 1``), false for metadata about secrets
     (``TOKEN_TTL``, ``password_file``, ``checksum/secret``)."""
-    parts = [p.lower() for p in _WORD_SPLIT.split(name.strip("\"'-")) if p]
+    parts = [p.lower() for p in WORD_SPLIT.split(name.strip("\"'-")) if p]
     while len(parts) > 1 and (parts[-1].isdigit() or parts[-1] in _ENCODING_WORDS):
         parts.pop()  # "Unseal Key 1", "unseal_keys_b64"
     if not parts or parts[0] in _DIGEST_WORDS:

@@ -77,6 +77,15 @@ _WORD_GATED: set[re.Pattern[str]] = set()
 prose keywords): skipped on an ASCII text holding none of :data:`bot.redact_words.SECRET_HINTS`."""
 
 
+def _by_name(
+    pattern: re.Pattern[str], *needs: str, replace: Callable[[re.Match[str]], str] | None = None
+) -> _Rule:
+    """A ``named_value`` rule: it hides only what a secret-like name or word marks, so it is
+    skipped on ASCII text holding none (:data:`_WORD_GATED`); ``replace`` defaults to
+    :func:`_named_value`."""
+    return ("named_value", _gated(pattern, *needs, words=True), replace or _named_value)
+
+
 def _gated(pattern: re.Pattern[str], *needs: str, words: bool = False) -> re.Pattern[str]:
     """``pattern``, registered with the strings one of which each of its matches holds (``needs``)
     and, with ``words``, as a rule whose replacements all need a secret-like word in the text."""
@@ -1069,15 +1078,7 @@ _RULES: list[_Rule] = [
         _keep_group(2),
     ),
     # A shell value quoted in pieces: PASSWORD='it'\''s' (the whole of it).
-    (
-        "named_value",
-        _gated(
-            re.compile(rf"(?<![\w.\-$])(?P<name>{_NAME})=(?P<value>'[^'\n]*'(?:\\''[^'\n]*')+)"),
-            "\\'",
-            words=True,
-        ),
-        _named_value,
-    ),
+    _by_name(re.compile(rf"(?<![\w.\-$])(?P<name>{_NAME})=(?P<value>'[^'\n]*'(?:\\''[^'\n]*')+)"), "\\'"),
     # GitHub Actions' ::add-mask::VALUE (the value a workflow asks to hide) and a literal piped
     # into a client that reads its password from stdin.
     ("ci_mask", _gated(re.compile(r"::add-mask::(?P<value>[^\n]+)"), "::add-mask::"), _keep_group(1)),
@@ -1108,16 +1109,12 @@ _RULES: list[_Rule] = [
         _secret_column,
     ),
     # YAML block scalars under a secret-named key (password: |, tls.key: >-).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?m)^(?P<i>[ \t]*)(?:-[ \t]+)?(?P<name>[\w.\-/]+)[ \t]*:[ \t]*[|>][-+]?[ \t]*\r?\n"
-                r"(?P<body>(?:(?P=i)[ \t]+\S[^\n]*(?:\n|\Z)|[ \t]*\r?\n(?=(?P=i)[ \t]+\S))+)"
-            ),
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?m)^(?P<i>[ \t]*)(?:-[ \t]+)?(?P<name>[\w.\-/]+)[ \t]*:[ \t]*[|>][-+]?[ \t]*\r?\n"
+            r"(?P<body>(?:(?P=i)[ \t]+\S[^\n]*(?:\n|\Z)|[ \t]*\r?\n(?=(?P=i)[ \t]+\S))+)"
         ),
-        _block_scalar,
+        replace=_block_scalar,
     ),
     # PuTTY key files: the private lines.
     (
@@ -1186,16 +1183,12 @@ _RULES: list[_Rule] = [
         _table_body,
     ),
     # Kubernetes env lists in YAML: - name: DB_PASSWORD / value: ...
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?m)^(?P<i>[ \t]*)-[ \t]+name:[ \t]*[\"']?(?P<name>[^\"'\n]+?)[\"']?[ \t]*\r?\n"
-                r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
-            ),
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?m)^(?P<i>[ \t]*)-[ \t]+name:[ \t]*[\"']?(?P<name>[^\"'\n]+?)[\"']?[ \t]*\r?\n"
+            r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
         ),
-        _yaml_env,
+        replace=_yaml_env,
     ),
     # Passwords in URLs: scheme://user:password@host (user kept).
     (
@@ -1213,39 +1206,25 @@ _RULES: list[_Rule] = [
         lambda m: _keep_group(1)(m) if looks_random(m.group("value")) else m.group(0),
     ),
     # XML: <password>v</password>, <entry key="db.password">v</entry>, <add key="ApiKey" value="v"/>.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"<(?P<name>[A-Za-z_][\w:.\-]*)(?P<attrs>\s[^<>]*)?>(?P<value>[^<>]{1,2000}?)</(?P=name)\s*>"
-            ),
-            "</",
-            words=True,
+    _by_name(
+        re.compile(
+            r"<(?P<name>[A-Za-z_][\w:.\-]*)(?P<attrs>\s[^<>]*)?>(?P<value>[^<>]{1,2000}?)</(?P=name)\s*>"
         ),
-        _named_xml,
+        "</",
+        replace=_named_xml,
     ),
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"\b(?:key|name)\s*=\s*(?P<q>[\"'])(?P<name>[^\"'\n]{1,120})(?P=q)\s+value\s*=\s*"
-                r"(?P<q2>[\"'])(?P<value>[^\"'\n]*)(?P=q2)"
-            ),
-            "value",
-            words=True,
+    _by_name(
+        re.compile(
+            r"\b(?:key|name)\s*=\s*(?P<q>[\"'])(?P<name>[^\"'\n]{1,120})(?P=q)\s+value\s*=\s*"
+            r"(?P<q2>[\"'])(?P<value>[^\"'\n]*)(?P=q2)"
         ),
-        _named_value,
+        "value",
     ),
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"<(?P<name>[A-Za-z_][\w:.\-]*)\s(?:[^<>]*?\s)?value\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]*)(?P=q)"
-            ),
-            "value",
-            words=True,
+    _by_name(
+        re.compile(
+            r"<(?P<name>[A-Za-z_][\w:.\-]*)\s(?:[^<>]*?\s)?value\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]*)(?P=q)"
         ),
-        _named_value,
+        "value",
     ),
     # SQL: INSERT INTO users (name, password) VALUES ('app', 'pw'): the values of secret columns.
     (
@@ -1283,73 +1262,48 @@ _RULES: list[_Rule] = [
         _quoted_literal,
     ),
     # Lists under a secret-named key: "unseal_keys_b64": ["..", ".."], YAML "- item" lines.
-    (
-        "named_value",
-        _gated(re.compile(r"\"(?P<name>[^\"\n]{1,80})\"\s*:\s*\[(?P<body>[^\[\]{}]*)\]"), "[", words=True),
-        _named_list,
+    _by_name(
+        re.compile(r"\"(?P<name>[^\"\n]{1,80})\"\s*:\s*\[(?P<body>[^\[\]{}]*)\]"),
+        "[",
+        replace=_named_list,
     ),
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?m)^(?P<i>[ \t]*)(?P<name>[\w.\-]+):[ \t]*\r?\n"
-                r"(?P<body>(?:(?P=i)[ \t]*-[ \t]+[^\n]+(?:\n|\Z))+)"
-            ),
-            "-",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?m)^(?P<i>[ \t]*)(?P<name>[\w.\-]+):[ \t]*\r?\n"
+            r"(?P<body>(?:(?P=i)[ \t]*-[ \t]+[^\n]+(?:\n|\Z))+)"
         ),
-        _named_list,
+        "-",
+        replace=_named_list,
     ),
     # Kubernetes env entries and similar name/value pairs in JSON.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
-                # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
-                r"(?P<value>(?:[^\"\\]|\\\\\"|\\.)*)(\")"
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(
+            r"(\"name\"\s*:\s*\"(?P<name>[^\"]{1,80})\"\s*,\s*\"value\"\s*:\s*\")"
+            # \\\\" first: inside a bytes repr an escaped quote shows as two backslashes and a quote.
+            r"(?P<value>(?:[^\"\\]|\\\\\"|\\.)*)(\")"
+        )
     ),
     # Argument lists: ["--db-password", "pw"] (JSON, Python, Docker's Args) and YAML items on two
     # lines (- --api-key / - pw).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?P<q>[\"'])-{1,2}(?P<name>[A-Za-z][\w.\-]*)(?P=q)\s*,\s*"
-                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
-            ),
-            "-",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?P<q>[\"'])-{1,2}(?P<name>[A-Za-z][\w.\-]*)(?P=q)\s*,\s*"
+            r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
         ),
-        _named_value,
+        "-",
     ),
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?m)^(?P<i>[ \t]*)-[ \t]+[\"']?-{1,2}(?P<name>[A-Za-z][\w.\-]*)[\"']?[ \t]*\r?\n"
-                r"(?P=i)-[ \t]+(?P<value>(?!-)[^\n]*\S)"
-            ),
-            "-",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?m)^(?P<i>[ \t]*)-[ \t]+[\"']?-{1,2}(?P<name>[A-Za-z][\w.\-]*)[\"']?[ \t]*\r?\n"
+            r"(?P=i)-[ \t]+(?P<value>(?!-)[^\n]*\S)"
         ),
-        _yaml_env,
+        "-",
+        replace=_yaml_env,
     ),
     # Terraform: variable "db_password" { default = "pw" }.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"\bvariable\s+\"(?P<name>[^\"\n]+)\"\s*\{[^{}]*?\bdefault\s*=\s*\"(?P<value>[^\"\n]*)\""
-            ),
-            "variable",
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(r"\bvariable\s+\"(?P<name>[^\"\n]+)\"\s*\{[^{}]*?\bdefault\s*=\s*\"(?P<value>[^\"\n]*)\""),
+        "variable",
     ),
     # login("user", "pw"), client.auth("admin", "pw"), basic_auth=("user", "pw").
     (
@@ -1372,208 +1326,121 @@ _RULES: list[_Rule] = [
     ),
     # ("DB_PASSWORD", "pw") as a call's arguments (define(), os.environ.setdefault(), a pair in a
     # list): only a value that reads like a secret ("password", "token" lists of names stay).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?P<q>[\"'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)\s*,\s*"
-                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)(?P<plausible>)"
-            ),
-            ",",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?P<q>[\"'])(?P<name>[A-Za-z_][\w.\-]*)(?P=q)\s*,\s*"
+            r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)(?P<plausible>)"
         ),
-        _named_value,
+        ",",
     ),
     # env["DB_PASSWORD"] = "pw", $_ENV['API_KEY'] = 'k', config[:token] = "t".
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"\[\s*(?::|(?P<q>[\"']))(?P<name>[A-Za-z_][\w.\-]*)(?P=q)?\s*\]\s*=\s*"
-                r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
-            ),
-            "]",
-            words=True,
+    _by_name(
+        re.compile(
+            r"\[\s*(?::|(?P<q>[\"']))(?P<name>[A-Za-z_][\w.\-]*)(?P=q)?\s*\]\s*=\s*"
+            r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
         ),
-        _named_value,
+        "]",
     ),
     # setPassword("pw"), .withApiKey("k"), .password("pw").
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?:\b(?:set|with)|\.)(?P<name>[A-Za-z_]\w*)\(\s*(?P<q>[\"'])"
-                r"(?P<value>(?:(?!(?P=q))[^\\\n]|\\.)+)(?P=q)\s*\)"
-            ),
-            "(",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?:\b(?:set|with)|\.)(?P<name>[A-Za-z_]\w*)\(\s*(?P<q>[\"'])"
+            r"(?P<value>(?:(?!(?P=q))[^\\\n]|\\.)+)(?P=q)\s*\)"
         ),
-        _setter,
+        "(",
+        replace=_setter,
     ),
     # A flag whose value is on the next line (ps output, a wrapped command line).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?<![\w-])-{1,2}(?P<name>[A-Za-z][\w.\-]*)[ \t]*\\?\r?\n"
-                r"[ \t]*(?P<value>(?!-)[^\s\\]+)[ \t]*$",
-                re.M,
-            ),
-            "-",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?<![\w-])-{1,2}(?P<name>[A-Za-z][\w.\-]*)[ \t]*\\?\r?\n"
+            r"[ \t]*(?P<value>(?!-)[^\s\\]+)[ \t]*$",
+            re.M,
         ),
-        _named_value,
+        "-",
     ),
     # "key": "value" (JSON), 'key': 'value' (Python reprs) and key="value" / key='value' (logfmt,
     # shells, labels).
-    (
-        "named_value",
-        _gated(
-            re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
-            words=True,
-        ),
-        _named_value,
-    ),
-    (
-        "named_value",
-        _gated(
-            re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"), words=True
-        ),
-        _named_value,
-    ),
+    _by_name(re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\"")),
+    _by_name(re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'")),
     # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\"")
     ),
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(
+            rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
+        )
     ),
     # A whole line NAME=value or name = value (env dumps, .env, INI, properties): the value is the
     # rest of the line, spaces and delimiters included, unless more key=value pairs follow (logfmt).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?m)^[ \t]*(?:(?:export|set|setenv|declare[ \t]+-x|ENV|ARG)[ \t]+)?"
-                rf"(?P<name>{_NAME})[ \t]*=[ \t]*(?P<value>[^\s\"'][^\n]*?)[ \t]*\r?$"
-            ),
-            "=",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?m)^[ \t]*(?:(?:export|set|setenv|declare[ \t]+-x|ENV|ARG)[ \t]+)?"
+            rf"(?P<name>{_NAME})[ \t]*=[ \t]*(?P<value>[^\s\"'][^\n]*?)[ \t]*\r?$"
         ),
-        lambda m: m.group(0) if re.search(r"\s[\w.\-]+=", m.group("value")) else _named_value(m),
+        "=",
+        replace=lambda m: m.group(0) if re.search(r"\s[\w.\-]+=", m.group("value")) else _named_value(m),
     ),
     # URL-encoded: secret%3Dvalue%26... (a form body or query string inside another one).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?i)(?<![\w%])(?P<name>[A-Za-z_][\w.\-]*)%3D(?P<value>(?:[^%\s&\"'<>]|%(?!26|3B|20)[0-9A-Fa-f]{2})+)"
-            ),
-            "%3d",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?i)(?<![\w%])(?P<name>[A-Za-z_][\w.\-]*)%3D(?P<value>(?:[^%\s&\"'<>]|%(?!26|3B|20)[0-9A-Fa-f]{2})+)"
         ),
-        _named_value,
+        "%3d",
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
-    (
-        "named_value",
-        _gated(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), words=True),
-        _named_value,
-    ),
+    _by_name(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})")),
     # name: value as a whole line (YAML, HTTP headers, tool output such as "Unseal Key 1: ..."):
     # the value is the rest of the line, spaces included (a trailing " # comment" kept).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                # labels of several words are Title Case ("Initial Root Token"), not prose
-                rf"(?m)^[ \t]*(?:-[ \t]+)?(?P<name>{_NAME}|[A-Z][\w\-]*(?:[ ](?:[A-Z][\w\-]*|\d+)){{1,3}})"
-                r"[ \t]*:[ \t]+"
-                r"(?P<value>[^\s\"'#|>][^\n]*?)(?=[ \t]+#|[ \t]*\r?$)"
-            ),
-            ":",
-            words=True,
+    _by_name(
+        re.compile(
+            # labels of several words are Title Case ("Initial Root Token"), not prose
+            rf"(?m)^[ \t]*(?:-[ \t]+)?(?P<name>{_NAME}|[A-Z][\w\-]*(?:[ ](?:[A-Z][\w\-]*|\d+)){{1,3}})"
+            r"[ \t]*:[ \t]+"
+            r"(?P<value>[^\s\"'#|>][^\n]*?)(?=[ \t]+#|[ \t]*\r?$)"
         ),
-        _named_value,
+        ":",
     ),
     # key: value after { , ; - so prose such as "failed to refresh token: context deadline
     # exceeded" is not taken for a secret.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
-                rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(
+            rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
+            rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+        )
     ),
     # IDENTIFIER: value anywhere (DB_PASSWORD, x-api-key, apiKey, TOKEN): names shaped like code,
     # not like prose, so "refresh token: context deadline exceeded" stays as it is.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
-                rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(
+            r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
+            rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
+        )
     ),
     # Go / Rust struct dumps: {User:app Password:pw} (%+v), &Auth{Password:"pw"} (%#v).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?<=[{\s,(&\[])(?P<name>[A-Za-z][A-Za-z0-9_]*):(?P<value>\"(?:[^\"\\\n]|\\.)*\"|[^\s,}\])\"]+)"
-            ),
-            ":",
-            words=True,
+    _by_name(
+        re.compile(
+            r"(?<=[{\s,(&\[])(?P<name>[A-Za-z][A-Za-z0-9_]*):(?P<value>\"(?:[^\"\\\n]|\\.)*\"|[^\s,}\])\"]+)"
         ),
-        _named_value,
+        ":",
     ),
     # --password value / -token value (command lines).
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                rf"(?<![\w-])-{{1,2}}(?P<name>[A-Za-z][A-Za-z0-9_.\-]{{1,120}})[ \t]+(?P<value>(?!-){_VALUE})"
-            ),
-            "-",
-            words=True,
+    _by_name(
+        re.compile(
+            rf"(?<![\w-])-{{1,2}}(?P<name>[A-Za-z][A-Za-z0-9_.\-]{{1,120}})[ \t]+(?P<value>(?!-){_VALUE})"
         ),
-        _named_value,
+        "-",
     ),
     # A bare "name value" pair (redis.conf's requirepass, slapd's rootpw, haproxy's
     # insecure-password, a Dockerfile's ENV): a value that reads like a secret.
-    (
-        "named_value",
-        _gated(
-            re.compile(
-                r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
-                r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
-                r"(?P<value>(?![A-Z][A-Z0-9_]*=|[a-z][a-z0-9_]*=)(?![-(\[{])[^\s\"'`,;]+)"
-                r"(?P<plausible>)"
-            ),
-            words=True,
-        ),
-        _named_value,
+    _by_name(
+        re.compile(
+            r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
+            r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
+            r"(?P<value>(?![A-Z][A-Z0-9_]*=|[a-z][a-z0-9_]*=)(?![-(\[{])[^\s\"'`,;]+)"
+            r"(?P<plausible>)"
+        )
     ),
     # Chat prose in the major languages: "the new prod db password is ...", "密码：...".
     ("prose", _gated(_PROSE_BARE, words=True), _quoted_literal),

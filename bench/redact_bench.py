@@ -3,7 +3,9 @@
 The gatherer redacts every context section (``redact(section.body)``) and the pipeline redacts a
 streamed answer's growing text about five times a second (``count_secrets``), then the final text
 once (``redact``). This bench times exactly those calls on fixed texts without secrets (what nearly
-every request carries), so two versions of ``bot.redact`` compare on the same work:
+every request carries; one section is full of secret-like words, "token expired", "secret not
+found", so every rule that needs such a word runs), so two versions of ``bot.redact`` compare on
+the same work:
 
     python bench/redact_bench.py --label base --out bench/results
     PYTHONPATH=/tmp/redact-base python bench/redact_bench.py --label base   # another checkout's module
@@ -47,6 +49,16 @@ _LOGS = [
     "https://ledger.payments.svc:8443/v1/entries returned 503 Service Unavailable after 1200 ms",
     "I1204 10:{m:02d}:04.771{n}  1 reflector.go:359] Listing and watching *v1.Pod from "
     "k8s.io/client-go/informers/factory.go:160",
+]
+_WORDS = [
+    # no secret, but the words that make every name- and prose-based rule run
+    "2026-12-04T10:{m:02d}:08Z payments pod/payments-api-7d9f8b6c5-x2x9k FailedMount x{n}: MountVolume.SetUp "
+    'failed for volume "db-creds" : secret "db-creds" not found',
+    'ts=2026-12-04T10:{m:02d}:09.120Z level=warn msg="token refresh failed" err="oauth2: token expired" '
+    "client=ledger attempt={n} auth_method=oidc",
+    '{{"time":"2026-12-04T10:{m:02d}:10Z","level":"error","msg":"password authentication failed for user '
+    '\\"app\\"","db":"ledger","retry_in_ms":500,"key_id":"kms-{n}"}}',
+    "  env: DB_PASSWORD from secretKeyRef payments-db/password, API_TOKEN from secretKeyRef api-tokens/token",
 ]
 _ANSWER = (
     "**What is happening:** `payments-api` pods in `payments` are in CrashLoopBackOff since 10:12 UTC "
@@ -92,7 +104,7 @@ def cases() -> dict[str, Callable[[], object]]:
         if isinstance(clean, dict):
             clean.clear()
 
-    events, logs = _section(_EVENTS), _section(_LOGS)
+    events, logs, words = _section(_EVENTS), _section(_LOGS), _section(_WORDS)
     prefixes = [_ANSWER[:end] for end in range(_STREAM_EVERY, len(_ANSWER), _STREAM_EVERY)]
 
     def section(text: str) -> Callable[[], object]:
@@ -108,7 +120,12 @@ def cases() -> dict[str, Callable[[], object]]:
         fresh()
         return module.redact(_ANSWER)
 
-    return {"context_events_2kb": section(events), "context_logs_2kb": section(logs), "stream_answer": stream}
+    return {
+        "context_events_2kb": section(events),
+        "context_logs_2kb": section(logs),
+        "context_secret_words_2kb": section(words),
+        "stream_answer": stream,
+    }
 
 
 def measure(run: Callable[[], object], loops: int, repeats: int) -> dict[str, float]:

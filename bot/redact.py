@@ -39,7 +39,8 @@ import contextvars
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, TypeVar
 
 from bot import metrics
 from bot.redact_tokens import WEBHOOKS, find_tokens, looks_random
@@ -67,26 +68,204 @@ __all__ = [
 REDACTED = "[REDACTED]"
 """What a secret is replaced by."""
 
-_Rule = tuple[str, re.Pattern[str], Callable[[re.Match[str]], str]]
+
+class _Matcher(Protocol):
+    """What a rule's pattern must do: a compiled regular expression, or an :class:`_Anchored` one."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    def finditer(self, string: str) -> Iterator[re.Match[str]]: ...
+
+    def sub(self, repl: Callable[[re.Match[str]], str], string: str) -> str: ...
+
+
+_Rule = tuple[str, _Matcher, Callable[[re.Match[str]], str]]
 """(kind of secret, pattern, replacement): the kind labels ``opsbot_secrets_redacted_total``."""
 
-_RULE_NEEDS: dict[re.Pattern[str], tuple[str, ...]] = {}
+
+class _Anchored:
+    """A pattern tried only where one of its keywords stands, not at every position of the text.
+
+    An alternation of many words (the prose keywords of twenty languages, every secret-like stem
+    a name can hold) costs the regular-expression engine a try of each word at each position;
+    finding each word with ``str.find`` and matching only there costs a small part of that. A
+    match starts at a keyword (``keywords``), or with ``names`` at one of the starts of a secret
+    name that :func:`_secret_name_starts` lists (the variants ``names`` names): a rule whose
+    replacement only hides the value of a secret name needs to try nowhere else. With ``tail``,
+    the keyword itself is checked here and only the rest is matched (the first pattern for
+    keywords in Latin letters, which must stand as whole words, the second for other scripts).
+    tests/reliability/test_secrets_corpus.py checks that the anchored scan misses no replacement
+    of the plain one on any corpus text.
+    """
+
+    def __init__(
+        self,
+        regex: re.Pattern[str],
+        keywords: Iterable[str],
+        *,
+        names: str = "",
+        tail: tuple[re.Pattern[str], re.Pattern[str]] | None = None,
+    ) -> None:
+        self.regex = regex
+        self.keywords = tuple(sorted({k.lower() for k in keywords}, key=lambda k: (-len(k), k)))
+        self.names = names
+        self.tail = tail
+
+    @property
+    def pattern(self) -> str:
+        """The regular expression's text (the shortcut table reads it)."""
+        return self.regex.pattern
+
+    def _starts(self, text: str, lowered: str) -> list[tuple[int, str]]:
+        if self.names:
+            return sorted({(at, "") for at, variant in _secret_name_starts(text, lowered) if variant in self.names})
+        starts = _keyword_positions(lowered, self.keywords)
+        # at one position the longest keyword first, as the alternation would
+        return sorted(starts, key=lambda s: (s[0], -len(s[1])))
+
+    def finditer(self, string: str) -> Iterator[re.Match[str]]:
+        """The matches a plain scan finds that start at a keyword (or its name's start)."""
+        lowered = _lowered(string)
+        if len(lowered) != len(string):  # lowercasing moved offsets (rare letters): scan all
+            yield from self.regex.finditer(string)
+            return
+        end = 0
+        for start, keyword in self._starts(string, lowered):
+            if start < end:
+                continue
+            if self.tail is None:
+                match = self.regex.match(string, start)
+            elif (
+                keyword.isascii() and start and (string[start - 1].isalnum() or string[start - 1] in "_-:/.$")
+            ):
+                continue  # a Latin keyword inside a longer word or path is no keyword
+            else:
+                match = self.tail[0 if keyword.isascii() else 1].match(string, start + len(keyword))
+            if match is not None and match.end() > start:
+                end = match.end()
+                yield match
+
+    def sub(self, repl: Callable[[re.Match[str]], str], string: str) -> str:
+        """``string`` with every match replaced by ``repl(match)``."""
+        out, last = [], 0
+        for match in self.finditer(string):
+            out.append(string[last : match.start()])
+            out.append(repl(match))
+            last = match.end()
+        if not out:
+            return string
+        out.append(string[last:])
+        return "".join(out)
+
+
+_IN_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-/")
+
+
+def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str]]:
+    """Where the names that :func:`_named_value` may hide the value of (a secret name, ``*auth``,
+    ``pass``) start, found from the secret-like stems (:data:`bot.redact_words.SECRET_HINTS`) and
+    remembered for the last text: (position, variant), the variant ``n`` for the name itself,
+    ``q`` for each of the quotes, backslashes or brackets right before it, ``w`` for the spaces and list dash
+    before it, ``l`` for the start of its line. Sorted by position."""
+    with _cache_lock:
+        if _last_lowered[1] is lowered and _NAMES_KEY in _last_positions:
+            return _last_positions[_NAMES_KEY]
+    spans: set[tuple[int, int]] = set()
+    size = len(text)
+    for at, _ in _keyword_positions(lowered, SECRET_HINTS):
+        start, end = at, at
+        while start and text[start - 1] in _IN_NAME:
+            start -= 1
+        while end < size and text[end] in _IN_NAME:
+            end += 1
+        spans.add((start, end))
+    for start, end in list(spans):  # and the names after a "/" or "." in it ("db.password")
+        spans.update((start + m.end(), end) for m in re.finditer(r"[/.]", text[start:end]))
+    starts: set[tuple[int, str]] = set()
+    for start, end in spans:
+        name = text[start:end].strip("-.")
+        low = name.lower()
+        if not (is_secret_name(name) or low.endswith("auth") or low == "pass"):
+            continue
+        starts.add((start, "n"))
+        before = start
+        while before and text[before - 1] in "\"'\\<[":
+            before -= 1
+            starts.add((before, "q"))  # each: the pattern may start at a quote, or at a bracket
+        before = start
+        while before and text[before - 1] in " \t-":
+            before -= 1
+        starts.add((before, "w"))
+        starts.add((text.rfind("\n", 0, start) + 1, "l"))
+    found = sorted(starts)
+    with _cache_lock:
+        if _last_lowered[1] is lowered:
+            _last_positions[_NAMES_KEY] = found
+    return found
+
+
+_NAMES_KEY = ("\0names",)
+"""The key the secret-name starts are remembered under (beside keyword sets)."""
+
+
+_last_lowered: list[str] = ["", ""]
+_last_positions: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+"""Per keyword set (and :data:`_NAMES_KEY`), the positions found in the last text lowercased."""
+_cache_lock = threading.Lock()
+
+
+def _lowered(text: str) -> str:
+    """``text.lower()``, remembered for the last text (every anchored rule of a pass asks)."""
+    with _cache_lock:
+        if _last_lowered[0] is not text:
+            _last_lowered[:] = [text, text.lower()]
+            _last_positions.clear()
+        return _last_lowered[1]
+
+
+def _keyword_positions(lowered: str, keywords: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(position, keyword) of each of ``keywords`` in ``lowered`` (remembered for the last text:
+    several anchored rules share one keyword set)."""
+    with _cache_lock:
+        if _last_lowered[1] is lowered and keywords in _last_positions:
+            return _last_positions[keywords]
+    positions = []
+    for keyword in keywords:
+        at = lowered.find(keyword)
+        while at >= 0:
+            positions.append((at, keyword))
+            at = lowered.find(keyword, at + 1)
+    with _cache_lock:
+        if _last_lowered[1] is lowered:
+            _last_positions[keywords] = positions
+    return positions
+
+
+_M = TypeVar("_M", bound=_Matcher)
+_RULE_NEEDS: dict[_Matcher, tuple[str, ...]] = {}
 """Per rule declared with :func:`_gated`: lowercase ASCII strings one of which every match holds."""
-_WORD_GATED: set[re.Pattern[str]] = set()
+_WORD_GATED: set[_Matcher] = set()
 """Rules that only ever hide a value a secret-like name or word marks (``is_secret_name``, the
 prose keywords): skipped on an ASCII text holding none of :data:`bot.redact_words.SECRET_HINTS`."""
 
 
 def _by_name(
-    pattern: re.Pattern[str], *needs: str, replace: Callable[[re.Match[str]], str] | None = None
+    pattern: re.Pattern[str],
+    *needs: str,
+    replace: Callable[[re.Match[str]], str] | None = None,
+    starts: str = "",
 ) -> _Rule:
     """A ``named_value`` rule: it hides only what a secret-like name or word marks, so it is
     skipped on ASCII text holding none (:data:`_WORD_GATED`); ``replace`` defaults to
-    :func:`_named_value`."""
-    return ("named_value", _gated(pattern, *needs, words=True), replace or _named_value)
+    :func:`_named_value`. With ``starts`` (variants of :func:`_secret_name_starts`), its matches
+    are tried only where a secret name starts (:class:`_Anchored`), not at every ``name value``
+    pair of the text."""
+    matcher: _Matcher = pattern if not starts else _Anchored(pattern, SECRET_HINTS, names=starts)
+    return ("named_value", _gated(matcher, *needs, words=True), replace or _named_value)
 
 
-def _gated(pattern: re.Pattern[str], *needs: str, words: bool = False) -> re.Pattern[str]:
+def _gated(pattern: _M, *needs: str, words: bool = False) -> _M:
     """``pattern``, registered with the strings one of which each of its matches holds (``needs``)
     and, with ``words``, as a rule whose replacements all need a secret-like word in the text."""
     if needs:
@@ -830,8 +1009,8 @@ _PROSE_VALUE = (
     r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»"
     r"|(?!(?-i:[A-Z][A-Z0-9_]*|[a-z][a-z0-9_]*)=)(?!-)[^\s\"'`]+)"
 )
-_PROSE = re.compile(
-    rf"(?i)(?:{_WORDS_ALT})[*_]*"
+_PROSE_REST = (
+    r"[*_]*"
     # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
     r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
     # a link, in Markdown emphasis or a table cell; the value may follow on the next line or in a
@@ -841,11 +1020,15 @@ _PROSE = re.compile(
     # "creds are app / PW", "login: admin / PW"
     r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
 )
+_PROSE = re.compile(rf"(?i)(?:{_WORDS_ALT})" + _PROSE_REST)
+_PROSE_TAILS = (re.compile(r"(?i)s?\b" + _PROSE_REST), re.compile(r"(?i)" + _PROSE_REST))
+"""What follows a prose keyword (one written in Latin letters, then one in other scripts)."""
 # "pass X", and Cisco's "password 7 X" / "enable secret 5 X" (the digit is the encoding type)
 _PROSE_BARE = re.compile(
     r"(?i)(?<![\w\-:/.$])(?:(?:password|passwd|pass|pw|pwd|passwort|senha|clave|community)[ \t]+"
     rf"(?:[0-9][ \t]+)?|secret[ \t]+[0-9][ \t]+){_PROSE_VALUE}"
 )
+_BARE_WORDS = ("password", "passwd", "pass", "pw", "pwd", "passwort", "senha", "clave", "community", "secret")
 _PROSE_USE_AS = re.compile(
     rf"(?i)\buse[ \t]+{_PROSE_VALUE}[ \t]+as[ \t]+(?:the[ \t]+|a[ \t]+)?(?:new[ \t]+)?"
     r"(?:password|passphrase|pw|token|secret|api[ _-]?key)"
@@ -1114,6 +1297,7 @@ _RULES: list[_Rule] = [
             r"(?m)^(?P<i>[ \t]*)(?:-[ \t]+)?(?P<name>[\w.\-/]+)[ \t]*:[ \t]*[|>][-+]?[ \t]*\r?\n"
             r"(?P<body>(?:(?P=i)[ \t]+\S[^\n]*(?:\n|\Z)|[ \t]*\r?\n(?=(?P=i)[ \t]+\S))+)"
         ),
+        starts="l",
         replace=_block_scalar,
     ),
     # PuTTY key files: the private lines.
@@ -1144,18 +1328,23 @@ _RULES: list[_Rule] = [
     (
         "command_output",
         _gated(
-            re.compile(
-                r"(?i)\b(?P<cmd>(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
-                r"|aws\s+secretsmanager\s+get-secret-value|az\s+keyvault\s+secret\s+show"
-                r"|gcloud\s+secrets\s+versions\s+access|terraform\s+output\s+(?:-raw\b|[a-z_][\w-]*[ \t]*$)"
-                r"|kubectl\s+get\s+secrets?\b[^\n]*(?:jsonpath|go-template|base64)"
-                r"|vault\s+(?:kv\s+get|read)\b[^\n]*-field|vault\s+operator\s+generate-root"
-                r"|op read|doppler\s+secrets\s+get|kubeadm\s+token\s+(?:create|generate)"
-                r"|openssl\s+rand|pwgen|head\s+-c\s*\d+\s+/dev/urandom)[^\n]*)\r?\n"
-                # output lines up to the next prompt ($, #, >, PS ...>, user@host:)
-                r"(?P<out>(?:(?![ \t]*(?:[$#>%]|PS[^\n>]*>|\w[\w.-]*@[\w.-]+[:~ ]))"
-                r"[ \t]*\S[^\n]*(?:\n|\Z)){1,20})",
-                re.M,
+            _Anchored(
+                re.compile(
+                    r"(?i)\b(?P<cmd>(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
+                    r"|aws\s+secretsmanager\s+get-secret-value|az\s+keyvault\s+secret\s+show"
+                    r"|gcloud\s+secrets\s+versions\s+access"
+                    r"|terraform\s+output\s+(?:-raw\b|[a-z_][\w-]*[ \t]*$)"
+                    r"|kubectl\s+get\s+secrets?\b[^\n]*(?:jsonpath|go-template|base64)"
+                    r"|vault\s+(?:kv\s+get|read)\b[^\n]*-field|vault\s+operator\s+generate-root"
+                    r"|op read|doppler\s+secrets\s+get|kubeadm\s+token\s+(?:create|generate)"
+                    r"|openssl\s+rand|pwgen|head\s+-c\s*\d+\s+/dev/urandom)[^\n]*)\r?\n"
+                    # output lines up to the next prompt ($, #, >, PS ...>, user@host:)
+                    r"(?P<out>(?:(?![ \t]*(?:[$#>%]|PS[^\n>]*>|\w[\w.-]*@[\w.-]+[:~ ]))"
+                    r"[ \t]*\S[^\n]*(?:\n|\Z)){1,20})",
+                    re.M,
+                ),
+                ["aws", "az", "gcloud", "terraform", "kubectl", "vault", "op read", "doppler", "kubeadm"]
+                + ["openssl", "pwgen", "head"],
             ),
             "ssm",
             "secretsmanager",
@@ -1188,6 +1377,7 @@ _RULES: list[_Rule] = [
             r"(?m)^(?P<i>[ \t]*)-[ \t]+name:[ \t]*[\"']?(?P<name>[^\"'\n]+?)[\"']?[ \t]*\r?\n"
             r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
         ),
+        starts="l",
         replace=_yaml_env,
     ),
     # Passwords in URLs: scheme://user:password@host (user kept).
@@ -1225,6 +1415,7 @@ _RULES: list[_Rule] = [
             r"<(?P<name>[A-Za-z_][\w:.\-]*)\s(?:[^<>]*?\s)?value\s*=\s*(?P<q>[\"'])(?P<value>[^\"'\n]*)(?P=q)"
         ),
         "value",
+        starts="q",
     ),
     # SQL: INSERT INTO users (name, password) VALUES ('app', 'pw'): the values of secret columns.
     (
@@ -1265,6 +1456,7 @@ _RULES: list[_Rule] = [
     _by_name(
         re.compile(r"\"(?P<name>[^\"\n]{1,80})\"\s*:\s*\[(?P<body>[^\[\]{}]*)\]"),
         "[",
+        starts="q",
         replace=_named_list,
     ),
     _by_name(
@@ -1273,6 +1465,7 @@ _RULES: list[_Rule] = [
             r"(?P<body>(?:(?P=i)[ \t]*-[ \t]+[^\n]+(?:\n|\Z))+)"
         ),
         "-",
+        starts="l",
         replace=_named_list,
     ),
     # Kubernetes env entries and similar name/value pairs in JSON.
@@ -1291,6 +1484,7 @@ _RULES: list[_Rule] = [
             r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)"
         ),
         "-",
+        starts="q",
     ),
     _by_name(
         re.compile(
@@ -1298,6 +1492,7 @@ _RULES: list[_Rule] = [
             r"(?P=i)-[ \t]+(?P<value>(?!-)[^\n]*\S)"
         ),
         "-",
+        starts="l",
         replace=_yaml_env,
     ),
     # Terraform: variable "db_password" { default = "pw" }.
@@ -1332,6 +1527,7 @@ _RULES: list[_Rule] = [
             r"(?P<q2>[\"'])(?P<value>(?:(?!(?P=q2))[^\\\n]|\\.)+)(?P=q2)(?P<plausible>)"
         ),
         ",",
+        starts="nq",
     ),
     # env["DB_PASSWORD"] = "pw", $_ENV['API_KEY'] = 'k', config[:token] = "t".
     _by_name(
@@ -1358,19 +1554,26 @@ _RULES: list[_Rule] = [
             re.M,
         ),
         "-",
+        starts="n",
     ),
     # "key": "value" (JSON), 'key': 'value' (Python reprs) and key="value" / key='value' (logfmt,
     # shells, labels).
-    _by_name(re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\"")),
-    _by_name(re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'")),
+    _by_name(
+        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""), starts="q"
+    ),
+    _by_name(
+        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"), starts="q"
+    ),
     # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
     _by_name(
-        re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\"")
+        re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""),
+        starts="q",
     ),
     _by_name(
         re.compile(
             rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
-        )
+        ),
+        starts="n",
     ),
     # A whole line NAME=value or name = value (env dumps, .env, INI, properties): the value is the
     # rest of the line, spaces and delimiters included, unless more key=value pairs follow (logfmt).
@@ -1380,6 +1583,7 @@ _RULES: list[_Rule] = [
             rf"(?P<name>{_NAME})[ \t]*=[ \t]*(?P<value>[^\s\"'][^\n]*?)[ \t]*\r?$"
         ),
         "=",
+        starts="l",
         replace=lambda m: m.group(0) if re.search(r"\s[\w.\-]+=", m.group("value")) else _named_value(m),
     ),
     # URL-encoded: secret%3Dvalue%26... (a form body or query string inside another one).
@@ -1390,7 +1594,7 @@ _RULES: list[_Rule] = [
         "%3d",
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
-    _by_name(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})")),
+    _by_name(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), starts="n"),
     # name: value as a whole line (YAML, HTTP headers, tool output such as "Unseal Key 1: ..."):
     # the value is the rest of the line, spaces included (a trailing " # comment" kept).
     _by_name(
@@ -1408,7 +1612,8 @@ _RULES: list[_Rule] = [
         re.compile(
             rf"(?m)(?:^|(?<=[{{,;|])|(?<=: ))[ \t]*(?:-[ \t]+)?(?P<name>{_NAME})[ \t]*:[ \t]*"
             rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
-        )
+        ),
+        starts="w",
     ),
     # IDENTIFIER: value anywhere (DB_PASSWORD, x-api-key, apiKey, TOKEN): names shaped like code,
     # not like prose, so "refresh token: context deadline exceeded" stays as it is.
@@ -1416,7 +1621,8 @@ _RULES: list[_Rule] = [
         re.compile(
             r"(?<![\w.\-$])(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_.\-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Z][A-Z0-9]+)"
             rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
-        )
+        ),
+        starts="n",
     ),
     # Go / Rust struct dumps: {User:app Password:pw} (%+v), &Auth{Password:"pw"} (%#v).
     _by_name(
@@ -1424,6 +1630,7 @@ _RULES: list[_Rule] = [
             r"(?<=[{\s,(&\[])(?P<name>[A-Za-z][A-Za-z0-9_]*):(?P<value>\"(?:[^\"\\\n]|\\.)*\"|[^\s,}\])\"]+)"
         ),
         ":",
+        starts="n",
     ),
     # --password value / -token value (command lines).
     _by_name(
@@ -1431,6 +1638,7 @@ _RULES: list[_Rule] = [
             rf"(?<![\w-])-{{1,2}}(?P<name>[A-Za-z][A-Za-z0-9_.\-]{{1,120}})[ \t]+(?P<value>(?!-){_VALUE})"
         ),
         "-",
+        starts="n",
     ),
     # A bare "name value" pair (redis.conf's requirepass, slapd's rootpw, haproxy's
     # insecure-password, a Dockerfile's ENV): a value that reads like a secret.
@@ -1440,19 +1648,23 @@ _RULES: list[_Rule] = [
             r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
             r"(?P<value>(?![A-Z][A-Z0-9_]*=|[a-z][a-z0-9_]*=)(?![-(\[{])[^\s\"'`,;]+)"
             r"(?P<plausible>)"
-        )
+        ),
+        starts="n",
     ),
     # Chat prose in the major languages: "the new prod db password is ...", "密码：...".
-    ("prose", _gated(_PROSE_BARE, words=True), _quoted_literal),
-    ("prose", _gated(_PROSE, words=True), _prose),
-    ("prose", _gated(_PROSE_USE_AS, "use", words=True), _quoted_literal),
+    ("prose", _gated(_Anchored(_PROSE_BARE, _BARE_WORDS), words=True), _quoted_literal),
+    ("prose", _gated(_Anchored(_PROSE, PROSE_WORDS, tail=_PROSE_TAILS), words=True), _prose),
+    ("prose", _gated(_Anchored(_PROSE_USE_AS, ["use"]), "use", words=True), _quoted_literal),
     # user:password after an auth-like word (haproxy's "stats auth admin:pw", "creds app:pw").
     (
         "prose",
         _gated(
-            re.compile(
-                r"(?i)(?<![\w\-])(?:auth|basic-auth|creds?|credentials|userpass|login)[ \t:=]+[\w.@\-]{1,64}:"
-                r"(?P<value>[^\s@/\"']+)(?=[\s\"']|$)"
+            _Anchored(
+                re.compile(
+                    r"(?i)(?<![\w\-])(?:auth|basic-auth|creds?|credentials|userpass|login)[ \t:=]+"
+                    r"[\w.@\-]{1,64}:(?P<value>[^\s@/\"']+)(?=[\s\"']|$)"
+                ),
+                ["auth", "basic-auth", "cred", "userpass", "login"],
             ),
             words=True,
         ),
@@ -1461,12 +1673,12 @@ _RULES: list[_Rule] = [
 ]
 
 
-def _needs_of(rules: list[_Rule]) -> dict[re.Pattern[str], tuple[str, ...]]:
+def _needs_of(rules: list[_Rule]) -> dict[_Matcher, tuple[str, ...]]:
     """Per rule, lowercase ASCII strings one of which every match contains (the rule is skipped on
     an ASCII text holding none of them). Found by the rule's own pattern text, so a rule edited out
     of these shapes simply loses its shortcut; tests/reliability/test_secrets_corpus.py checks each
     against the redaction corpus."""
-    needs: dict[re.Pattern[str], tuple[str, ...]] = {}
+    needs: dict[_Matcher, tuple[str, ...]] = {}
     for _, pattern, _ in rules:
         for shape, literal in _NEED_SHAPES:
             if shape in pattern.pattern:

@@ -6,6 +6,7 @@ elsewhere (:func:`is_placeholder`), and what a value must look like to be taken 
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Name components that mark a key as secret ("DB_PASSWORD", "clientSecret", "x-api-key").
@@ -236,6 +237,7 @@ _DIGEST_WORDS = frozenset({"checksum", "hash", "sha", "sha1", "sha256", "md5", "
 _SECRET_COMPOUNDS = frozenset({"secretid", "secret_id", "clientsecret"})
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """True when a key or variable named ``name`` holds a secret (``DB_PASSWORD``, ``apiKey``,
     ``ENCRYPTION_KEY``, ``requirepass``, ``Unseal Key 1``), false for metadata about secrets

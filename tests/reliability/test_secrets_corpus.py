@@ -213,3 +213,25 @@ def test_every_secret_name_and_ascii_prose_keyword_holds_a_secret_hint() -> None
         assert any(hint in name.lower() for hint in SECRET_HINTS), name
     for word in PROSE_WORDS:
         assert not word.isascii() or any(hint in word for hint in SECRET_HINTS), word
+
+
+def test_anchored_rules_miss_no_replacement_their_plain_scan_makes() -> None:
+    """A rule tried only at keywords or secret names (bot.redact._Anchored) must replace wherever
+    its pattern, scanned over the whole text, replaces (it may find more: a plain scan's match of
+    a longer non-secret name can swallow a secret one behind it): every corpus text, three cases."""
+    from bot.redact import _RULES, _Anchored
+
+    anchored = [(kind, rule, replace) for kind, rule, replace in _RULES if isinstance(rule, _Anchored)]
+    assert len(anchored) >= 15
+    for kind, rule, replace in anchored:
+        for text in _corpus_texts():
+            plain = [m.span() for m in rule.regex.finditer(text) if replace(m) != m.group(0)]
+            if not plain:
+                continue
+            found = [m.span() for m in rule.finditer(text) if replace(m) != m.group(0)]
+            for start, end in plain:
+                assert any(s < end and start < e for s, e in found), (
+                    kind,
+                    rule.pattern[:60],
+                    text[start:end],
+                )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import contextvars
 import logging
 import re
@@ -91,7 +92,8 @@ class _Anchored:
     a name can hold) costs the regular-expression engine a try of each word at each position;
     finding each word with ``str.find`` and matching only there costs a small part of that. A
     match starts at a keyword (``keywords``), or with ``names`` at one of the starts of a secret
-    name that :func:`_secret_name_starts` lists (the variants ``names`` names): a rule whose
+    name that :func:`_secret_name_starts` lists (the variants ``names`` names; with ``follow``,
+    only names whose next character, past quotes and spaces, is one of it): a rule whose
     replacement only hides the value of a secret name needs to try nowhere else. With ``tail``,
     the keyword itself is checked here and only the rest is matched (the first pattern for
     keywords in Latin letters, which must stand as whole words, the second for other scripts).
@@ -105,11 +107,13 @@ class _Anchored:
         keywords: Iterable[str],
         *,
         names: str = "",
+        follow: str = "",
         tail: tuple[re.Pattern[str], re.Pattern[str]] | None = None,
     ) -> None:
         self.regex = regex
         self.keywords = tuple(sorted({k.lower() for k in keywords}, key=lambda k: (-len(k), k)))
         self.names = names
+        self.follow = follow
         self.tail = tail
 
     @property
@@ -119,7 +123,7 @@ class _Anchored:
 
     def _starts(self, text: str, lowered: str) -> list[tuple[int, str]]:
         if self.names:
-            return sorted({(at, "") for at, variant in _secret_name_starts(text, lowered) if variant in self.names})
+            return _name_starts_for(text, lowered, self.names, self.follow)
         starts = _keyword_positions(lowered, self.keywords)
         # at one position the longest keyword first, as the alternation would
         return sorted(starts, key=lambda s: (s[0], -len(s[1])))
@@ -159,49 +163,82 @@ class _Anchored:
         return "".join(out)
 
 
-_IN_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-/")
+_NAME_RUN = re.compile(r"[A-Za-z0-9_.\-/]+")
+"""What a name is made of (with its path-like prefixes: "payments-db/password", "db.password")."""
 
 
-def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str]]:
+def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str, str]]:
     """Where the names that :func:`_named_value` may hide the value of (a secret name, ``*auth``,
     ``pass``) start, found from the secret-like stems (:data:`bot.redact_words.SECRET_HINTS`) and
     remembered for the last text: (position, variant), the variant ``n`` for the name itself,
-    ``q`` for each of the quotes, backslashes or brackets right before it, ``w`` for the spaces and list dash
-    before it, ``l`` for the start of its line. Sorted by position."""
+    ``q`` for each of the quotes, backslashes or brackets right before it, ``w`` for the spaces
+    and list dash before it, ``l`` for the start of its line; and the characters after the name
+    past quotes and spaces, then past line ends too ("=", ":", "\\n", ...). Sorted by position."""
     with _cache_lock:
-        if _last_lowered[1] is lowered and _NAMES_KEY in _last_positions:
-            return _last_positions[_NAMES_KEY]
+        if _last_lowered[1] is lowered and _NAMES_KEY in _last_names:
+            return _last_names[_NAMES_KEY]
+    hints = sorted(at for at, _ in _keyword_positions(lowered, SECRET_HINTS))
     spans: set[tuple[int, int]] = set()
+    if hints:
+        names = [m.span() for m in _NAME_RUN.finditer(text)]
+        firsts = [start for start, _ in names]
+        for at in hints:  # the name each stem stands in
+            index = bisect.bisect_right(firsts, at) - 1
+            if index >= 0 and names[index][1] > at:
+                spans.add(names[index])
+    starts: set[tuple[int, str, str]] = set()
     size = len(text)
-    for at, _ in _keyword_positions(lowered, SECRET_HINTS):
-        start, end = at, at
-        while start and text[start - 1] in _IN_NAME:
-            start -= 1
-        while end < size and text[end] in _IN_NAME:
-            end += 1
-        spans.add((start, end))
-    for start, end in list(spans):  # and the names after a "/" or "." in it ("db.password")
-        spans.update((start + m.end(), end) for m in re.finditer(r"[/.]", text[start:end]))
-    starts: set[tuple[int, str]] = set()
-    for start, end in spans:
-        name = text[start:end].strip("-.")
-        low = name.lower()
-        if not (is_secret_name(name) or low.endswith("auth") or low == "pass"):
-            continue
-        starts.add((start, "n"))
-        before = start
-        while before and text[before - 1] in "\"'\\<[":
-            before -= 1
-            starts.add((before, "q"))  # each: the pattern may start at a quote, or at a bracket
-        before = start
-        while before and text[before - 1] in " \t-":
-            before -= 1
-        starts.add((before, "w"))
-        starts.add((text.rfind("\n", 0, start) + 1, "l"))
+    for span_start, span_end in spans:
+        after = span_end
+        while after < size and text[after] in "\"'\\ \t":
+            after += 1
+        follow = text[after] if after < size else ""
+        while after < size and text[after] in "\"'\\ \t\r\n":  # and past line ends (\s* in a pattern)
+            after += 1
+        follow += text[after] if after < size else ""
+        whole = text[span_start:span_end]
+        pieces = [(span_start, whole)]
+        if "/" in whole or "." in whole:  # and the names after a "/" or "." in it ("db.password")
+            pieces += [(span_start + i + 1, whole[i + 1 :]) for i, ch in enumerate(whole) if ch in "/."]
+        for start, piece in pieces:
+            name = piece.strip("-.")
+            low = name.lower()
+            if not (is_secret_name(name) or low.endswith("auth") or low == "pass"):
+                continue
+            starts.add((start, "n", follow))
+            before = start
+            while before and text[before - 1] in "\"'\\<[":
+                before -= 1
+                starts.add((before, "q", follow))  # each: a pattern may start at a quote or a bracket
+            before = start
+            while before and text[before - 1] in " \t-":
+                before -= 1
+            starts.add((before, "w", follow))
+            starts.add((text.rfind("\n", 0, start) + 1, "l", follow))
     found = sorted(starts)
     with _cache_lock:
         if _last_lowered[1] is lowered:
-            _last_positions[_NAMES_KEY] = found
+            _last_names[_NAMES_KEY] = found
+    return found
+
+
+def _name_starts_for(text: str, lowered: str, variants: str, follow: str) -> list[tuple[int, str]]:
+    """The starts of :func:`_secret_name_starts` of the given variants and next characters, as
+    an anchored rule tries them (remembered for the last text: rules share these)."""
+    key = ("\0names", variants, follow)
+    with _cache_lock:
+        if _last_lowered[1] is lowered and key in _last_positions:
+            return _last_positions[key]
+    found = sorted(
+        {
+            (at, "")
+            for at, variant, after in _secret_name_starts(text, lowered)
+            if variant in variants and (not follow or any(ch in follow for ch in after))
+        }
+    )
+    with _cache_lock:
+        if _last_lowered[1] is lowered:
+            _last_positions[key] = found
     return found
 
 
@@ -211,6 +248,7 @@ _NAMES_KEY = ("\0names",)
 
 _last_lowered: list[str] = ["", ""]
 _last_positions: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+_last_names: dict[tuple[str, ...], list[tuple[int, str, str]]] = {}
 """Per keyword set (and :data:`_NAMES_KEY`), the positions found in the last text lowercased."""
 _cache_lock = threading.Lock()
 
@@ -221,6 +259,7 @@ def _lowered(text: str) -> str:
         if _last_lowered[0] is not text:
             _last_lowered[:] = [text, text.lower()]
             _last_positions.clear()
+            _last_names.clear()
         return _last_lowered[1]
 
 
@@ -255,13 +294,16 @@ def _by_name(
     *needs: str,
     replace: Callable[[re.Match[str]], str] | None = None,
     starts: str = "",
+    follow: str = "",
 ) -> _Rule:
     """A ``named_value`` rule: it hides only what a secret-like name or word marks, so it is
     skipped on ASCII text holding none (:data:`_WORD_GATED`); ``replace`` defaults to
     :func:`_named_value`. With ``starts`` (variants of :func:`_secret_name_starts`), its matches
-    are tried only where a secret name starts (:class:`_Anchored`), not at every ``name value``
-    pair of the text."""
-    matcher: _Matcher = pattern if not starts else _Anchored(pattern, SECRET_HINTS, names=starts)
+    are tried only where a secret name starts (:class:`_Anchored`; ``follow``: and is followed by
+    one of these characters), not at every ``name value`` pair of the text."""
+    matcher: _Matcher = (
+        pattern if not starts else _Anchored(pattern, SECRET_HINTS, names=starts, follow=follow)
+    )
     return ("named_value", _gated(matcher, *needs, words=True), replace or _named_value)
 
 
@@ -1298,6 +1340,7 @@ _RULES: list[_Rule] = [
             r"(?P<body>(?:(?P=i)[ \t]+\S[^\n]*(?:\n|\Z)|[ \t]*\r?\n(?=(?P=i)[ \t]+\S))+)"
         ),
         starts="l",
+        follow=":",
         replace=_block_scalar,
     ),
     # PuTTY key files: the private lines.
@@ -1378,6 +1421,7 @@ _RULES: list[_Rule] = [
             r"(?P=i)[ \t]+value:[ \t]*(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\n]+)"
         ),
         starts="l",
+        follow="\r\n",
         replace=_yaml_env,
     ),
     # Passwords in URLs: scheme://user:password@host (user kept).
@@ -1457,6 +1501,7 @@ _RULES: list[_Rule] = [
         re.compile(r"\"(?P<name>[^\"\n]{1,80})\"\s*:\s*\[(?P<body>[^\[\]{}]*)\]"),
         "[",
         starts="q",
+        follow=":",
         replace=_named_list,
     ),
     _by_name(
@@ -1466,6 +1511,7 @@ _RULES: list[_Rule] = [
         ),
         "-",
         starts="l",
+        follow=":",
         replace=_named_list,
     ),
     # Kubernetes env entries and similar name/value pairs in JSON.
@@ -1485,6 +1531,7 @@ _RULES: list[_Rule] = [
         ),
         "-",
         starts="q",
+        follow=",",
     ),
     _by_name(
         re.compile(
@@ -1493,6 +1540,7 @@ _RULES: list[_Rule] = [
         ),
         "-",
         starts="l",
+        follow="\r\n",
         replace=_yaml_env,
     ),
     # Terraform: variable "db_password" { default = "pw" }.
@@ -1528,6 +1576,7 @@ _RULES: list[_Rule] = [
         ),
         ",",
         starts="nq",
+        follow=",",
     ),
     # env["DB_PASSWORD"] = "pw", $_ENV['API_KEY'] = 'k', config[:token] = "t".
     _by_name(
@@ -1555,25 +1604,32 @@ _RULES: list[_Rule] = [
         ),
         "-",
         starts="n",
+        follow="\r\n",
     ),
     # "key": "value" (JSON), 'key': 'value' (Python reprs) and key="value" / key='value' (logfmt,
     # shells, labels).
     _by_name(
-        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""), starts="q"
+        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*\"(?P<value>(?:[^\"\\]|\\.)+)\""),
+        starts="q",
+        follow=":",
     ),
     _by_name(
-        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"), starts="q"
+        re.compile(rf"(?P<q>[\"'])(?P<name>{_NAME})(?P=q)\s*:\s*'(?P<value>(?:[^'\\]|\\.)+)'"),
+        starts="q",
+        follow=":",
     ),
     # JSON inside a JSON string or a bytes repr: \"key\": \"value\" (any number of backslashes).
     _by_name(
         re.compile(rf"(?P<bs>\\+)\"(?P<name>{_NAME})(?P=bs)\"\s*:\s*(?P=bs)\"(?P<value>[^\"\n]*?)(?P=bs)\""),
         starts="q",
+        follow=":",
     ),
     _by_name(
         re.compile(
             rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<bs>\\*)(?P<q>[\"'])(?P<value>[^\"'\n\\]+)(?P=bs)(?P=q)"
         ),
         starts="n",
+        follow="=",
     ),
     # A whole line NAME=value or name = value (env dumps, .env, INI, properties): the value is the
     # rest of the line, spaces and delimiters included, unless more key=value pairs follow (logfmt).
@@ -1584,6 +1640,7 @@ _RULES: list[_Rule] = [
         ),
         "=",
         starts="l",
+        follow="=",
         replace=lambda m: m.group(0) if re.search(r"\s[\w.\-]+=", m.group("value")) else _named_value(m),
     ),
     # URL-encoded: secret%3Dvalue%26... (a form body or query string inside another one).
@@ -1594,7 +1651,11 @@ _RULES: list[_Rule] = [
         "%3d",
     ),
     # key=value (env, logfmt, connection strings, query strings, --flag=value).
-    _by_name(re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"), starts="n"),
+    _by_name(
+        re.compile(rf"(?<![\w.\-$])-{{0,2}}(?P<name>{_NAME})\s*=\s*(?P<value>{_VALUE})"),
+        starts="n",
+        follow="=",
+    ),
     # name: value as a whole line (YAML, HTTP headers, tool output such as "Unseal Key 1: ..."):
     # the value is the rest of the line, spaces included (a trailing " # comment" kept).
     _by_name(
@@ -1614,6 +1675,7 @@ _RULES: list[_Rule] = [
             rf"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
         ),
         starts="w",
+        follow=":",
     ),
     # IDENTIFIER: value anywhere (DB_PASSWORD, x-api-key, apiKey, TOKEN): names shaped like code,
     # not like prose, so "refresh token: context deadline exceeded" stays as it is.
@@ -1623,6 +1685,7 @@ _RULES: list[_Rule] = [
             rf"[ \t]*:[ \t]*(?P<value>\"[^\"\n]+\"|'[^'\n]+'|{_VALUE})"
         ),
         starts="n",
+        follow=":",
     ),
     # Go / Rust struct dumps: {User:app Password:pw} (%+v), &Auth{Password:"pw"} (%#v).
     _by_name(
@@ -1631,6 +1694,7 @@ _RULES: list[_Rule] = [
         ),
         ":",
         starts="n",
+        follow=":",
     ),
     # --password value / -token value (command lines).
     _by_name(

@@ -37,6 +37,7 @@ import base64
 import binascii
 import bisect
 import contextvars
+import functools
 import logging
 import re
 import threading
@@ -124,9 +125,12 @@ class _Anchored:
     def _starts(self, text: str, lowered: str) -> list[tuple[int, str]]:
         if self.names:
             return _name_starts_for(text, lowered, self.names, self.follow)
-        starts = _keyword_positions(lowered, self.keywords)
-        # at one position the longest keyword first, as the alternation would
-        return sorted(starts, key=lambda s: (s[0], -len(s[1])))
+        longest: dict[int, str] = {}
+        for at, keyword in _keyword_positions(lowered, self.keywords):
+            if len(keyword) > len(longest.get(at, "")):
+                longest[at] = keyword
+        # at one position only the longest keyword (a shorter one there is a part of its word)
+        return sorted(longest.items())
 
     def finditer(self, string: str) -> Iterator[re.Match[str]]:
         """The matches a plain scan finds that start at a keyword (or its name's start)."""
@@ -189,6 +193,9 @@ def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str, str]]:
     starts: set[tuple[int, str, str]] = set()
     size = len(text)
     for span_start, span_end in spans:
+        pieces = _secret_pieces(text[span_start:span_end])
+        if not pieces:
+            continue
         after = span_end
         while after < size and text[after] in "\"'\\ \t":
             after += 1
@@ -196,15 +203,9 @@ def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str, str]]:
         while after < size and text[after] in "\"'\\ \t\r\n":  # and past line ends (\s* in a pattern)
             after += 1
         follow += text[after] if after < size else ""
-        whole = text[span_start:span_end]
-        pieces = [(span_start, whole)]
-        if "/" in whole or "." in whole:  # and the names after a "/" or "." in it ("db.password")
-            pieces += [(span_start + i + 1, whole[i + 1 :]) for i, ch in enumerate(whole) if ch in "/."]
-        for start, piece in pieces:
-            name = piece.strip("-.")
-            low = name.lower()
-            if not (is_secret_name(name) or low.endswith("auth") or low == "pass"):
-                continue
+        line = text.rfind("\n", 0, span_start) + 1
+        for offset in pieces:
+            start = span_start + offset
             starts.add((start, "n", follow))
             before = start
             while before and text[before - 1] in "\"'\\<[":
@@ -214,7 +215,7 @@ def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str, str]]:
             while before and text[before - 1] in " \t-":
                 before -= 1
             starts.add((before, "w", follow))
-            starts.add((text.rfind("\n", 0, start) + 1, "l", follow))
+            starts.add((line, "l", follow))
     found = sorted(starts)
     with _cache_lock:
         if _last_lowered[1] is lowered:
@@ -240,6 +241,20 @@ def _name_starts_for(text: str, lowered: str, variants: str, follow: str) -> lis
         if _last_lowered[1] is lowered:
             _last_positions[key] = found
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_pieces(whole: str) -> tuple[int, ...]:
+    """Offsets in the name run ``whole`` where a name :func:`_named_value` may hide the value of
+    starts: the run itself, and what follows each "/" or "." in it ("payments-db/password")."""
+    offsets = [0] + [i + 1 for i, ch in enumerate(whole) if ch in "/."]
+    found = []
+    for offset in offsets:
+        name = whole[offset:].strip("-.")
+        low = name.lower()
+        if is_secret_name(name) or low.endswith("auth") or low == "pass":
+            found.append(offset)
+    return tuple(found)
 
 
 _NAMES_KEY = ("\0names",)
@@ -388,8 +403,8 @@ def _named_value(match: re.Match[str]) -> str:
         return match.group(0)  # kubectl describe secret: "password:  16 bytes"
     if match.string[match.end("value") : match.end("value") + 1] in ("(", "{"):
         return match.group(0)  # a call or a template cut at its bracket: lookup(...), %{hiera(..)}
-    if "plausible" in match.re.groupindex and not plausible_secret(value):
-        return match.group(0)  # a bare "name value" pair: only a value that reads like a secret
+    if "plausible" in match.re.groupindex and not (plausible_secret(value) and not value.isalpha()):
+        return match.group(0)  # a bare "name value" pair: only a value with a digit or symbol
     return _keep_group(match.re.groupindex["value"])(match)
 
 
@@ -1152,16 +1167,13 @@ def _entropy_fallback(text: str) -> tuple[str, int]:
 def _hint_lines(text: str) -> list[tuple[int, int]]:
     """(start, end) of the stretches of ``text`` from a secret-like word's stem to the end of its
     line: the only places the entropy fallback looks (its word must come first, on that line)."""
-    lowered = text.lower()
+    lowered = _lowered(text)
     if len(lowered) != len(text):  # lowercasing moved offsets (rare letters): look everywhere
         return [(0, len(text))]
     spans = []
-    for hint in SECRET_HINTS:
-        at = lowered.find(hint)
-        while at >= 0:
-            end = lowered.find("\n", at)
-            spans.append((at, len(text) if end < 0 else end))
-            at = lowered.find(hint, at + len(hint))
+    for at, _ in _keyword_positions(lowered, SECRET_HINTS):
+        end = lowered.find("\n", at)
+        spans.append((at, len(text) if end < 0 else end))
     spans.sort()
     merged: list[tuple[int, int]] = []
     for start, end in spans:
@@ -1489,8 +1501,12 @@ _RULES: list[_Rule] = [
     (
         "sql_password",
         _gated(
-            re.compile(
-                r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)[NnEe]?(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
+            _Anchored(
+                re.compile(
+                    r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)[NnEe]?"
+                    r"(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
+                ),
+                ["password"],
             ),
             "password",
         ),
@@ -1709,6 +1725,8 @@ _RULES: list[_Rule] = [
     _by_name(
         re.compile(
             r"(?<![\w.\-$/])(?:(?:ENV|ARG|setenv|set|export)[ \t]+)?"
+            # a plain word ("password is ...", "the secret mounted ...") is the prose rules' to read
+            r"(?!(?i:password|passwd|passphrase|secrets?|tokens?|credentials|creds|pass|pw|pwd|key)\b)"
             r"(?P<name>[A-Za-z][A-Za-z0-9]*(?:[_\-][A-Za-z0-9]+)*)[ \t]+"
             r"(?P<value>(?![A-Z][A-Z0-9_]*=|[a-z][a-z0-9_]*=)(?![-(\[{])[^\s\"'`,;]+)"
             r"(?P<plausible>)"

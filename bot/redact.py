@@ -510,7 +510,7 @@ _CLIENT_FLAGS: list[tuple[str, dict[str, str]]] = [
     (r"az\s+login", {"-p": _NEXT, "--password": _NEXT}),
     (r"influx", {"-password": _NEXT, "-token": _NEXT, "--token": _NEXT, "-t": _NEXT_ONLY}),
     (r"rabbitmqadmin", {"-p": _NEXT, "--password": _NEXT}),
-    (r"vault\s+login", {}),
+    (r"vault\s+login|vault\s+operator\s+unseal", {}),
     (r"rabbitmqctl\s+(?:add_user|change_password|authenticate_user)", {}),
     (r"htpasswd", {}),
     (r"mc\s+(?:alias\s+set|config\s+host\s+add)", {}),
@@ -563,7 +563,8 @@ def _positional_secrets(cmd: str, words: list[str]) -> list[int]:
         index = 1 if "n" in flags else 2
         return [args[index]] if len(args) > index else []
     if cmd.startswith("vault"):
-        plain = [i for i in args if "=" not in words[i]]
+        # vault login TOKEN / vault operator unseal KEY (a base64 key ends in "="; a pair is k=v)
+        plain = [i for i in args if not re.match(r"[A-Za-z_][\w.\-]*=[^=]", words[i])]
         return plain[:1]
     if cmd.startswith("rabbitmqctl"):
         return args[1:2]
@@ -833,7 +834,32 @@ def _prose(match: re.Match[str]) -> str:
         rest = match.string[match.end("value") : line_end if line_end >= 0 else len(match.string)]
         if rest.strip() or match.group("value").endswith(":"):
             return match.group(0)
-    return _quoted_literal(match)
+    value = match.group("value")
+    if match.group("link").lower() in ("to", "from") and not plausible_secret(value.strip("`'\"")):
+        return match.group(0)  # "secrets from `opsbot-secrets`": a name, even quoted, after a weak link
+    out = _quoted_literal(match)
+    second = match.group("value2")
+    if second:  # "... from OLD to NEW": the new one as well
+        bare = second.rstrip(".,;:)!?")
+        if plausible_secret(bare) and _is_value(bare) and out.endswith(second):
+            out = out[: len(out) - len(second)] + REDACTED + second[len(bare) :]
+    return out
+
+
+def _quoted_literal_any(match: re.Match[str]) -> str:
+    """The value (quotes kept) whatever it reads like: its place says it is a secret."""
+    value = match.group("value")
+    if not _is_value(value):
+        return match.group(0)
+    start = match.start("value") - match.start()
+    return match.group(0)[:start] + _hide(value) + match.group(0)[match.end("value") - match.start() :]
+
+
+def _stored_value(match: re.Match[str]) -> str:
+    """``put KEY VALUE`` into a key-value store: hidden when the key's last segment is a secret
+    name (``service/db/password``, ``app:api_token``)."""
+    last = re.split(r"[/:.]", match.group("name"))[-1]
+    return _quoted_literal_any(match) if is_secret_name(last) else match.group(0)
 
 
 _XML_KEY_ATTR = re.compile(r"""\b(?:key|name)\s*=\s*["']([^"']{1,120})["']""")
@@ -1062,9 +1088,12 @@ _LINKS_ALT = "|".join(
     for w in sorted(PROSE_LINKS, key=len, reverse=True)
 )
 # A bare value is one word that is not a flag nor a key=value pair of its own.
+# A bare one holds a digit, a symbol or a capital inside (so the scan moves on past "password is
+# rotated" to a value that can be one).
+_BARE_SECRET = r"(?=[^\s\"'`]*(?:\d|[^\w\s\"'`]|(?-i:[a-z][A-Z])))[^\s\"'`]+"
 _PROSE_VALUE = (
     r"(?P<value>`[^`\n]+`|\"[^\"\n]+\"|'[^'\n]+'|«[^»\n]+»"
-    r"|(?!(?-i:[A-Z][A-Z0-9_]*|[a-z][a-z0-9_]*)=)(?!-)[^\s\"'`]+)"
+    rf"|(?!(?-i:[A-Z][A-Z0-9_]*|[a-z][a-z0-9_]*)=)(?!-){_BARE_SECRET})"
 )
 _PROSE_REST = (
     r"[*_]*"
@@ -1072,10 +1101,13 @@ _PROSE_REST = (
     r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
     # a link, in Markdown emphasis or a table cell; the value may follow on the next line or in a
     # code fence ("the token is:\n```\n...")
-    rf"[ \t]*[*_]*[ \t]*(?:{_LINKS_ALT}|\||(?<=\s)-(?=\s))[*_]*[ \t]*(?:\|[ \t]*)?"
+    rf"[ \t]*[*_]*[ \t]*(?P<link>{_LINKS_ALT}|\||(?<=\s)-(?=\s))[*_]*[ \t]*(?:\|[ \t]*)?"
     r"(?:\r?\n(?:```\w*\r?\n)?[ \t]*)?"
     # "creds are app / PW", "login: admin / PW"
-    r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?" + _PROSE_VALUE
+    r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?"
+    + _PROSE_VALUE
+    # "changed the password from OLD to NEW": both
+    + rf"(?:[ \t]+(?:to|->|→|=>)[ \t]+(?P<value2>{_BARE_SECRET}))?"
 )
 _PROSE = re.compile(rf"(?i)(?:{_WORDS_ALT})" + _PROSE_REST)
 _PROSE_TAILS = (re.compile(r"(?i)s?\b" + _PROSE_REST), re.compile(r"(?i)" + _PROSE_REST))
@@ -1331,6 +1363,48 @@ _RULES: list[_Rule] = [
             "passwd",
         ),
         _quoted_literal,
+    ),
+    # A here-string fed to a command that reads a secret from stdin (docker secret create NAME -).
+    (
+        "cli_flag",
+        _gated(
+            re.compile(
+                r"(?im)^(?=[^\n]*(?:secret|passw|stdin|token))[^\n]*?<<<[ \t]*"
+                r"(?P<value>\"[^\"\n]+\"|'[^'\n]+'|[^\s;|&]+)"
+            ),
+            "<<<",
+        ),
+        _quoted_literal_any,
+    ),
+    # A key-value store's put / set of a secret-named key (consul kv put app/db/password V, etcdctl
+    # put, redis SET, vault kv put's positional form) and aws ssm put-parameter's --value.
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?i)\b(?:put|set|setex|hset|write)[ \t]+(?:-{1,2}[\w-]+(?:=\S+)?[ \t]+)*"
+                r"(?P<name>[\w./:\-]*\w)[ \t]+(?:\d+[ \t]+)?"
+                rf"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|{_BARE_SECRET})"
+            ),
+            "put",
+            "set",
+            "write",
+        ),
+        _stored_value,
+    ),
+    (
+        "named_value",
+        _gated(
+            re.compile(
+                r"(?i)put-parameter\b(?P<args>[^\n]*?)--value[ =](?P<value>\"[^\"\n]*\"|'[^'\n]*'|\S+)"
+            ),
+            "put-parameter",
+        ),
+        lambda m: (
+            _quoted_literal_any(m)
+            if re.search(r"securestring|--name[ =]\S*(?:pass|secret|token|key|cred)", m.group(0), re.I)
+            else m.group(0)
+        ),
     ),
     # A table whose header names a secret column (kubeadm token list, influx auth list, ...).
     (

@@ -308,7 +308,7 @@ is a secret ("the new prod db password is ...", "das Passwort lautet ...", "密�
 PROSE_LINKS: tuple[str, ...] = (
     ":", "：", "=", "=>", "->", "→", "is", "is now", "are", "was", "was set to", "set to", "now",
     "lautet", "ist", "est", "es", "é", "è", "is:", "zijn", "jest", "je", "är", "は",
-    "是", "为", "為", "는", "은", "это", "—", "–",
+    "是", "为", "為", "는", "은", "это", "—", "–", "to", "from",
 )  # fmt: skip
 """What stands between a prose keyword and its value."""
 
@@ -341,6 +341,7 @@ def is_placeholder(value: str) -> bool:
     return bool(_PLACEHOLDER.match(bare) or _CASED_PLACEHOLDER.match(bare))
 
 
+_EMAIL = re.compile(r"[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+")
 _WORDLIKE = re.compile(r"[^\W\d_]+(?:[-'][^\W\d_]+)*")
 # A relative path or a file name ("prod/db", "tests/auth.test.ts", "password.txt"): lowercase
 # segments, or a name with a file extension.
@@ -358,7 +359,7 @@ def plausible_secret(value: str) -> bool:
     value = value.strip("([{`*_").rstrip(")]}`*_.,;:!?")
     if len(value) < 6 or is_placeholder(value) or value.startswith(("/", "./", "~/", "http://", "https://")):
         return False
-    if looks_like_path(value):
+    if looks_like_path(value) or _EMAIL.fullmatch(value):
         return False
     if _WORDLIKE.fullmatch(value):
         return any(ch.isupper() for ch in value[1:]) and not value.isupper()

@@ -1151,6 +1151,49 @@ def _probe_secrets() -> list[tuple[str, str]]:
     ]
 
 
+def _probe_secrets_2() -> list[tuple[str, str]]:
+    """Probes of a second round (client positionals, here-strings, key-value stores, prose links)."""
+    uk = base64.b64encode(bytes(_rng.randrange(256) for _ in range(32))).decode()
+    return [
+        (f"vault operator unseal {uk}", uk),
+        (f"$ vault operator unseal -migrate {uk}", uk),
+        (f"gpg --batch --passphrase {(g := 'Gpg#Pass2024')} -d secrets.gpg", g),
+        (f"docker run -e POSTGRES_PASSWORD={(d := 'Dock3r#Env1')} postgres:16", d),
+        (f"docker secret create db_pass - <<< '{(d2 := 'Here#String1')}'", d2),
+        (
+            f'{{"appId": "{r(8, HEX)}-{r(4, HEX)}-{r(4, HEX)}-{r(4, HEX)}-{r(12, HEX)}", "displayName": "ci", "password": "{(sp := r(34, ALNUM + "~._-"))}", "tenant": "x"}}',
+            sp,
+        ),
+        (
+            f'{{"AccessKey": {{"UserName": "ci", "AccessKeyId": "AKIA{r(16, string.ascii_uppercase + string.digits)}", "Status": "Active", "SecretAccessKey": "{(sk := r(40, ALNUM + "+/"))}"}}}}',
+            sk,
+        ),
+        (f"consul kv put service/db/password {(ck := 'Consul#Kv99')}", ck),
+        (f"etcdctl put /config/db/password {(ek := 'Etcd#Put77')}", ek),
+        (f"kubectl create secret generic api --from-literal=token={(kt := r(32))} -n prod", kt),
+        (f"helm install app ./chart --set-string secrets.apiKey={(hk := r(32))}", hk),
+        (f"Setting DB password to {(sd := 'Sett1ng#Pw')}", sd),
+        (f"changed the admin password from {r(10)} to {(ch := 'New#Admin2024')}", ch),
+        (f"db_password {(sp2 := 'Space#Sep99')}", sp2),
+        (f"The API key: {(ak := r(40))}.", ak),
+        (f"X-API-KEY={(xk := r(32))}", xk),
+        (f"token={r(4)}…{(tk := r(30))}", tk),
+        (f"password='{('Quote' + chr(39) + chr(39) + 's#1')}'", "s#1"),
+        (f"mysql://root:{(mp := 'M%23ysql%40Pw')}@db/app", mp),
+        (f"jdbc:sqlserver://sql:1433;databaseName=app;user=sa;password={(jp := 'Jdbc#Mssql1')};", jp),
+        (f"Data Source=db;Initial Catalog=app;User Id=sa;Pwd={(pw := 'Pwd#Conn99')};", pw),
+        (f"ldap://cn=admin,dc=corp:{(lp := 'Ldap#Url77')}@ldap.corp", lp),
+        (f"ftp://anonymous:{(fp := 'Ftp#Pass12')}@mirror/pub", fp),
+        (f"SNOWFLAKE_PASSWORD='{(sf := 'Snow#Flake9')}'", sf),
+        (f"-Djavax.net.ssl.keyStorePassword={(jk := 'Keystore#9')}", jk),
+        (f'JAVA_OPTS="-Dspring.datasource.password={(jo := "Java#Opts77")} -Xmx512m"', jo),
+        (f'<param name="password" value="{(xp := "Xml#Param1")}"/>', xp),
+        (f'[mysqld]\nuser = mysql\n\n[client]\npassword="{(my := "My#Cnf2024")}"', my),
+        (f"aws_session_token = {(at := r(300, ALNUM + '+/'))}", at),
+        (f"id_token: {(it := 'eyJ' + r(20) + '.eyJ' + r(40) + '.' + r(43))}", it),
+    ]
+
+
 def _probe_benign() -> list[str]:
     u = _uid
     return [
@@ -1289,7 +1332,7 @@ def _probe_benign() -> list[str]:
 
 
 # Tune half only: these were written after the test half had been looked at once.
-for _index, (_text, _secret) in enumerate(_probe_secrets()):
+for _index, (_text, _secret) in enumerate(_probe_secrets() + _probe_secrets_2()):
     assert _secret in _text, _text
     _rows["tune-secrets"].append({"kind": "probe_forms", "form": _index, "text": _text, "secrets": [_secret]})
 for _index, _text in enumerate(_probe_benign()):

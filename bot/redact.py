@@ -35,16 +35,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bisect
 import contextvars
-import functools
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from bot import metrics
+from bot.redact_scan import Anchored, Matcher, keyword_positions, lowercased
 from bot.redact_tokens import WEBHOOKS, find_tokens, looks_random
 from bot.redact_words import (
     NOT_SECRET_KEYS,
@@ -71,235 +70,13 @@ REDACTED = "[REDACTED]"
 """What a secret is replaced by."""
 
 
-class _Matcher(Protocol):
-    """What a rule's pattern must do: a compiled regular expression, or an :class:`_Anchored` one."""
-
-    @property
-    def pattern(self) -> str: ...
-
-    def finditer(self, string: str) -> Iterator[re.Match[str]]: ...
-
-    def sub(self, repl: Callable[[re.Match[str]], str], string: str) -> str: ...
-
-
-_Rule = tuple[str, _Matcher, Callable[[re.Match[str]], str]]
+_Rule = tuple[str, Matcher, Callable[[re.Match[str]], str]]
 """(kind of secret, pattern, replacement): the kind labels ``opsbot_secrets_redacted_total``."""
 
-
-class _Anchored:
-    """A pattern tried only where one of its keywords stands, not at every position of the text.
-
-    An alternation of many words (the prose keywords of twenty languages, every secret-like stem
-    a name can hold) costs the regular-expression engine a try of each word at each position;
-    finding each word with ``str.find`` and matching only there costs a small part of that. A
-    match starts at a keyword (``keywords``), or with ``names`` at one of the starts of a secret
-    name that :func:`_secret_name_starts` lists (the variants ``names`` names; with ``follow``,
-    only names whose next character, past quotes and spaces, is one of it): a rule whose
-    replacement only hides the value of a secret name needs to try nowhere else. With ``tail``,
-    the keyword itself is checked here and only the rest is matched (the first pattern for
-    keywords in Latin letters, which must stand as whole words, the second for other scripts).
-    tests/reliability/test_secrets_corpus.py checks that the anchored scan misses no replacement
-    of the plain one on any corpus text.
-    """
-
-    def __init__(
-        self,
-        regex: re.Pattern[str],
-        keywords: Iterable[str],
-        *,
-        names: str = "",
-        follow: str = "",
-        tail: tuple[re.Pattern[str], re.Pattern[str]] | None = None,
-    ) -> None:
-        self.regex = regex
-        self.keywords = tuple(sorted({k.lower() for k in keywords}, key=lambda k: (-len(k), k)))
-        self.names = names
-        self.follow = follow
-        self.tail = tail
-
-    @property
-    def pattern(self) -> str:
-        """The regular expression's text (the shortcut table reads it)."""
-        return self.regex.pattern
-
-    def _starts(self, text: str, lowered: str) -> list[tuple[int, str]]:
-        if self.names:
-            return _name_starts_for(text, lowered, self.names, self.follow)
-        longest: dict[int, str] = {}
-        for at, keyword in _keyword_positions(lowered, self.keywords):
-            if len(keyword) > len(longest.get(at, "")):
-                longest[at] = keyword
-        # at one position only the longest keyword (a shorter one there is a part of its word)
-        return sorted(longest.items())
-
-    def finditer(self, string: str) -> Iterator[re.Match[str]]:
-        """The matches a plain scan finds that start at a keyword (or its name's start)."""
-        lowered = _lowered(string)
-        if len(lowered) != len(string):  # lowercasing moved offsets (rare letters): scan all
-            yield from self.regex.finditer(string)
-            return
-        end = 0
-        for start, keyword in self._starts(string, lowered):
-            if start < end:
-                continue
-            if self.tail is None:
-                match = self.regex.match(string, start)
-            elif (
-                keyword.isascii() and start and (string[start - 1].isalnum() or string[start - 1] in "_-:/.$")
-            ):
-                continue  # a Latin keyword inside a longer word or path is no keyword
-            else:
-                match = self.tail[0 if keyword.isascii() else 1].match(string, start + len(keyword))
-            if match is not None and match.end() > start:
-                end = match.end()
-                yield match
-
-    def sub(self, repl: Callable[[re.Match[str]], str], string: str) -> str:
-        """``string`` with every match replaced by ``repl(match)``."""
-        out, last = [], 0
-        for match in self.finditer(string):
-            out.append(string[last : match.start()])
-            out.append(repl(match))
-            last = match.end()
-        if not out:
-            return string
-        out.append(string[last:])
-        return "".join(out)
-
-
-_NAME_RUN = re.compile(r"[A-Za-z0-9_.\-/]+")
-"""What a name is made of (with its path-like prefixes: "payments-db/password", "db.password")."""
-
-
-def _secret_name_starts(text: str, lowered: str) -> list[tuple[int, str, str]]:
-    """Where the names that :func:`_named_value` may hide the value of (a secret name, ``*auth``,
-    ``pass``) start, found from the secret-like stems (:data:`bot.redact_words.SECRET_HINTS`) and
-    remembered for the last text: (position, variant), the variant ``n`` for the name itself,
-    ``q`` for each of the quotes, backslashes or brackets right before it, ``w`` for the spaces
-    and list dash before it, ``l`` for the start of its line; and the characters after the name
-    past quotes and spaces, then past line ends too ("=", ":", "\\n", ...). Sorted by position."""
-    with _cache_lock:
-        if _last_lowered[1] is lowered and _NAMES_KEY in _last_names:
-            return _last_names[_NAMES_KEY]
-    hints = sorted(at for at, _ in _keyword_positions(lowered, SECRET_HINTS))
-    spans: set[tuple[int, int]] = set()
-    if hints:
-        names = [m.span() for m in _NAME_RUN.finditer(text)]
-        firsts = [start for start, _ in names]
-        for at in hints:  # the name each stem stands in
-            index = bisect.bisect_right(firsts, at) - 1
-            if index >= 0 and names[index][1] > at:
-                spans.add(names[index])
-    starts: set[tuple[int, str, str]] = set()
-    size = len(text)
-    for span_start, span_end in spans:
-        pieces = _secret_pieces(text[span_start:span_end])
-        if not pieces:
-            continue
-        after = span_end
-        while after < size and text[after] in "\"'\\ \t":
-            after += 1
-        follow = text[after] if after < size else ""
-        while after < size and text[after] in "\"'\\ \t\r\n":  # and past line ends (\s* in a pattern)
-            after += 1
-        follow += text[after] if after < size else ""
-        line = text.rfind("\n", 0, span_start) + 1
-        for offset in pieces:
-            start = span_start + offset
-            starts.add((start, "n", follow))
-            before = start
-            while before and text[before - 1] in "\"'\\<[":
-                before -= 1
-                starts.add((before, "q", follow))  # each: a pattern may start at a quote or a bracket
-            before = start
-            while before and text[before - 1] in " \t-":
-                before -= 1
-            starts.add((before, "w", follow))
-            starts.add((line, "l", follow))
-    found = sorted(starts)
-    with _cache_lock:
-        if _last_lowered[1] is lowered:
-            _last_names[_NAMES_KEY] = found
-    return found
-
-
-def _name_starts_for(text: str, lowered: str, variants: str, follow: str) -> list[tuple[int, str]]:
-    """The starts of :func:`_secret_name_starts` of the given variants and next characters, as
-    an anchored rule tries them (remembered for the last text: rules share these)."""
-    key = ("\0names", variants, follow)
-    with _cache_lock:
-        if _last_lowered[1] is lowered and key in _last_positions:
-            return _last_positions[key]
-    found = sorted(
-        {
-            (at, "")
-            for at, variant, after in _secret_name_starts(text, lowered)
-            if variant in variants and (not follow or any(ch in follow for ch in after))
-        }
-    )
-    with _cache_lock:
-        if _last_lowered[1] is lowered:
-            _last_positions[key] = found
-    return found
-
-
-@functools.lru_cache(maxsize=4096)
-def _secret_pieces(whole: str) -> tuple[int, ...]:
-    """Offsets in the name run ``whole`` where a name :func:`_named_value` may hide the value of
-    starts: the run itself, and what follows each "/" or "." in it ("payments-db/password")."""
-    offsets = [0] + [i + 1 for i, ch in enumerate(whole) if ch in "/."]
-    found = []
-    for offset in offsets:
-        name = whole[offset:].strip("-.")
-        low = name.lower()
-        if is_secret_name(name) or low.endswith("auth") or low == "pass":
-            found.append(offset)
-    return tuple(found)
-
-
-_NAMES_KEY = ("\0names",)
-"""The key the secret-name starts are remembered under (beside keyword sets)."""
-
-
-_last_lowered: list[str] = ["", ""]
-_last_positions: dict[tuple[str, ...], list[tuple[int, str]]] = {}
-_last_names: dict[tuple[str, ...], list[tuple[int, str, str]]] = {}
-"""Per keyword set (and :data:`_NAMES_KEY`), the positions found in the last text lowercased."""
-_cache_lock = threading.Lock()
-
-
-def _lowered(text: str) -> str:
-    """``text.lower()``, remembered for the last text (every anchored rule of a pass asks)."""
-    with _cache_lock:
-        if _last_lowered[0] is not text:
-            _last_lowered[:] = [text, text.lower()]
-            _last_positions.clear()
-            _last_names.clear()
-        return _last_lowered[1]
-
-
-def _keyword_positions(lowered: str, keywords: tuple[str, ...]) -> list[tuple[int, str]]:
-    """(position, keyword) of each of ``keywords`` in ``lowered`` (remembered for the last text:
-    several anchored rules share one keyword set)."""
-    with _cache_lock:
-        if _last_lowered[1] is lowered and keywords in _last_positions:
-            return _last_positions[keywords]
-    positions = []
-    for keyword in keywords:
-        at = lowered.find(keyword)
-        while at >= 0:
-            positions.append((at, keyword))
-            at = lowered.find(keyword, at + 1)
-    with _cache_lock:
-        if _last_lowered[1] is lowered:
-            _last_positions[keywords] = positions
-    return positions
-
-
-_M = TypeVar("_M", bound=_Matcher)
-_RULE_NEEDS: dict[_Matcher, tuple[str, ...]] = {}
+_M = TypeVar("_M", bound=Matcher)
+_RULE_NEEDS: dict[Matcher, tuple[str, ...]] = {}
 """Per rule declared with :func:`_gated`: lowercase ASCII strings one of which every match holds."""
-_WORD_GATED: set[_Matcher] = set()
+_WORD_GATED: set[Matcher] = set()
 """Rules that only ever hide a value a secret-like name or word marks (``is_secret_name``, the
 prose keywords): skipped on an ASCII text holding none of :data:`bot.redact_words.SECRET_HINTS`."""
 
@@ -313,12 +90,10 @@ def _by_name(
 ) -> _Rule:
     """A ``named_value`` rule: it hides only what a secret-like name or word marks, so it is
     skipped on ASCII text holding none (:data:`_WORD_GATED`); ``replace`` defaults to
-    :func:`_named_value`. With ``starts`` (variants of :func:`_secret_name_starts`), its matches
-    are tried only where a secret name starts (:class:`_Anchored`; ``follow``: and is followed by
+    :func:`_named_value`. With ``starts`` (variants of :func:`secret_name_starts`), its matches
+    are tried only where a secret name starts (:class:`Anchored`; ``follow``: and is followed by
     one of these characters), not at every ``name value`` pair of the text."""
-    matcher: _Matcher = (
-        pattern if not starts else _Anchored(pattern, SECRET_HINTS, names=starts, follow=follow)
-    )
+    matcher: Matcher = pattern if not starts else Anchored(pattern, SECRET_HINTS, names=starts, follow=follow)
     return ("named_value", _gated(matcher, *needs, words=True), replace or _named_value)
 
 
@@ -1199,11 +974,11 @@ def _entropy_fallback(text: str) -> tuple[str, int]:
 def _hint_lines(text: str) -> list[tuple[int, int]]:
     """(start, end) of the stretches of ``text`` from a secret-like word's stem to the end of its
     line: the only places the entropy fallback looks (its word must come first, on that line)."""
-    lowered = _lowered(text)
+    lowered = lowercased(text)
     if len(lowered) != len(text):  # lowercasing moved offsets (rare letters): look everywhere
         return [(0, len(text))]
     spans = []
-    for at, _ in _keyword_positions(lowered, SECRET_HINTS):
+    for at, _ in keyword_positions(lowered, SECRET_HINTS):
         end = lowered.find("\n", at)
         spans.append((at, len(text) if end < 0 else end))
     spans.sort()
@@ -1457,7 +1232,7 @@ _RULES: list[_Rule] = [
     (
         "command_output",
         _gated(
-            _Anchored(
+            Anchored(
                 re.compile(
                     r"(?i)\b(?P<cmd>(?:aws\s+ssm\s+get-parameters?\b[^\n]*--with-decryption"
                     r"|aws\s+secretsmanager\s+get-secret-value|az\s+keyvault\s+secret\s+show"
@@ -1575,7 +1350,7 @@ _RULES: list[_Rule] = [
     (
         "sql_password",
         _gated(
-            _Anchored(
+            Anchored(
                 re.compile(
                     r"(?i)\bpassword(?:\s+for\s+[^\s=]+)?(?:\s*=\s*|\s+)[NnEe]?"
                     r"(?P<value>'(?:[^'\n]|'')*'|\"[^\"\n]*\")"
@@ -1808,14 +1583,14 @@ _RULES: list[_Rule] = [
         starts="n",
     ),
     # Chat prose in the major languages: "the new prod db password is ...", "密码：...".
-    ("prose", _gated(_Anchored(_PROSE_BARE, _BARE_WORDS), words=True), _quoted_literal),
-    ("prose", _gated(_Anchored(_PROSE, PROSE_WORDS, tail=_PROSE_TAILS), words=True), _prose),
-    ("prose", _gated(_Anchored(_PROSE_USE_AS, ["use"]), "use", words=True), _quoted_literal),
+    ("prose", _gated(Anchored(_PROSE_BARE, _BARE_WORDS), words=True), _quoted_literal),
+    ("prose", _gated(Anchored(_PROSE, PROSE_WORDS, tail=_PROSE_TAILS), words=True), _prose),
+    ("prose", _gated(Anchored(_PROSE_USE_AS, ["use"]), "use", words=True), _quoted_literal),
     # user:password after an auth-like word (haproxy's "stats auth admin:pw", "creds app:pw").
     (
         "prose",
         _gated(
-            _Anchored(
+            Anchored(
                 re.compile(
                     r"(?i)(?<![\w\-])(?:auth|basic-auth|creds?|credentials|userpass|login)[ \t:=]+"
                     r"[\w.@\-]{1,64}:(?P<value>[^\s@/\"']+)(?=[\s\"']|$)"
@@ -1829,12 +1604,12 @@ _RULES: list[_Rule] = [
 ]
 
 
-def _needs_of(rules: list[_Rule]) -> dict[_Matcher, tuple[str, ...]]:
+def _needs_of(rules: list[_Rule]) -> dict[Matcher, tuple[str, ...]]:
     """Per rule, lowercase ASCII strings one of which every match contains (the rule is skipped on
     an ASCII text holding none of them). Found by the rule's own pattern text, so a rule edited out
     of these shapes simply loses its shortcut; tests/reliability/test_secrets_corpus.py checks each
     against the redaction corpus."""
-    needs: dict[_Matcher, tuple[str, ...]] = {}
+    needs: dict[Matcher, tuple[str, ...]] = {}
     for _, pattern, _ in rules:
         for shape, literal in _NEED_SHAPES:
             if shape in pattern.pattern:

@@ -216,12 +216,13 @@ def test_every_secret_name_and_ascii_prose_keyword_holds_a_secret_hint() -> None
 
 
 def test_anchored_rules_miss_no_replacement_their_plain_scan_makes() -> None:
-    """A rule tried only at keywords or secret names (bot.redact._Anchored) must replace wherever
+    """A rule tried only at keywords or secret names (bot.redact_scan.Anchored) must replace wherever
     its pattern, scanned over the whole text, replaces (it may find more: a plain scan's match of
     a longer non-secret name can swallow a secret one behind it): every corpus text, three cases."""
-    from bot.redact import _RULES, _Anchored
+    from bot.redact import _RULES
+    from bot.redact_scan import Anchored
 
-    anchored = [(kind, rule, replace) for kind, rule, replace in _RULES if isinstance(rule, _Anchored)]
+    anchored = [(kind, rule, replace) for kind, rule, replace in _RULES if isinstance(rule, Anchored)]
     assert len(anchored) >= 15
     for kind, rule, replace in anchored:
         for text in _corpus_texts():

@@ -1156,14 +1156,18 @@ _RULES: list[_Rule] = [
     (
         "named_value",
         _gated(
-            re.compile(
-                r"(?i)\b(?:put|set|setex|hset|write)[ \t]+(?:-{1,2}[\w-]+(?:=\S+)?[ \t]+)*"
-                r"(?P<name>[\w./:\-]*\w)[ \t]+(?:\d+[ \t]+)?"
-                rf"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|{_BARE_SECRET})"
+            Anchored(
+                re.compile(
+                    r"(?i)\b(?:put|set|setex|hset|write)[ \t]+(?:-{1,2}[\w-]+(?:=\S+)?[ \t]+)*"
+                    r"(?P<name>[\w./:\-]*\w)[ \t]+(?:\d+[ \t]+)?"
+                    rf"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|{_BARE_SECRET})"
+                ),
+                ["put", "set", "setex", "hset", "write"],
             ),
             "put",
             "set",
             "write",
+            words=True,
         ),
         _stored_value,
     ),

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -88,3 +90,33 @@ def wait_for_gpu_memory(fraction: float, timeout_s: float = 180.0) -> bool:
             print(f"GPU memory in use after {timeout_s:.0f} s: {free:.0f} / {total:.0f} MiB free", flush=True)
             return False
         time.sleep(1.0)
+
+
+def cpu_model() -> str:
+    """The processor's model name from /proc/cpuinfo ("unknown" elsewhere): CPU-bound results
+    compare only on the same model."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def git_commit(folder: Path) -> str:
+    """The short commit of the git checkout holding ``folder`` ("unknown" outside one)."""
+    done = subprocess.run(
+        ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def write_results(stem: Path, payload: dict[str, Any], lines: Sequence[str]) -> None:
+    """``stem``.json (``payload``) and ``stem``.md (``lines``): one result, machine- and
+    human-readable."""
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

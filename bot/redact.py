@@ -872,11 +872,11 @@ _PROSE_VALUE = (
 )
 _PROSE_REST = (
     r"[*_]*"
-    # up to four words in between ("for staging redis", "für den Admin", "do bazy", "de la base")
-    r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,4}?"
+    # up to six words in between ("for staging redis", "für den Admin", "de la base de datos")
+    r"(?:[ \t]+(?![\"'`])[\w./\-]{1,24}){0,6}?"
     # a link, in Markdown emphasis or a table cell; the value may follow on the next line or in a
     # code fence ("the token is:\n```\n...")
-    rf"[ \t]*[*_]*[ \t]*(?P<link>{_LINKS_ALT}|\||(?<=\s)-(?=\s))[*_]*[ \t]*(?:\|[ \t]*)?"
+    rf"[ \t]*[*_]*[ \t]*(?P<link>{_LINKS_ALT}|\||(?<=\s)-(?=\s)):?[*_]*[ \t]*(?:\|[ \t]*)?"
     r"(?:\r?\n(?:```\w*\r?\n)?[ \t]*)?"
     # "creds are app / PW", "login: admin / PW"
     r"(?:[\w.@\-]{0,40}\w[\w.@\-]{0,40}[ \t]*/[ \t]*)?"

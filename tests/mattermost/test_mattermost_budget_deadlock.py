@@ -124,7 +124,7 @@ async def test_a_storm_of_429_and_500_on_create_and_patch_in_one_channel_answers
         channel_post_interval_s=0.1,
         max_tokens=16,
         ignore_eos=True,
-        wrap_engine=paced(0.05),
+        wrap_engine=lockstep(4),
     )
     for method, path in (("POST", "/api/v4/posts"), ("PUT", r"/api/v4/posts/\w+/patch")):
         fake.add_fault(method, path, 429, probability=0.1, retry_after=0.2, seed=11)

@@ -104,8 +104,9 @@ STALLED_TEXT = (
     ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
 )
-STALLED_NOTE_WAIT_S = 10.0
-"""Seconds a stalled answer's note may take (the platform may be what is stuck)."""
+UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
+FAILURE_NOTE_WAIT_S = 10.0
+"""Seconds the note about a stalled or undelivered answer may take (the platform may be what failed)."""
 
 
 class Pipeline:
@@ -458,20 +459,24 @@ class Pipeline:
         exc: AnswerStalled,
     ) -> None:
         """The watchdog gave the answer up: stop its reply, count and log it, and tell the asker in
-        the thread where the platform still takes a note (within ``STALLED_NOTE_WAIT_S``)."""
+        the thread where the platform still takes a note."""
         metrics.ANSWERS_STALLED.labels(message.platform).inc()
         logger.error("request %s: answer stopped by the watchdog: %s", message.request_id, exc)
         record.status, record.error = exc.request_status, str(exc)[:500]
         if reply is not None:
             reply.abandon()
-            message = _in_thread(message, reply)
-        text = STALLED_TEXT.format(seconds=self.answer.stall_s or 0)
+        await self._note(message, adapter, reply, STALLED_TEXT.format(seconds=self.answer.stall_s or 0))
+
+    async def _note(
+        self, message: IncomingMessage, adapter: ChatAdapter, reply: ReplyStream | None, text: str
+    ) -> None:
+        """Best effort: tell the asker in the answer's thread why it failed, within
+        ``FAILURE_NOTE_WAIT_S`` (the platform may be what failed)."""
+        where = _in_thread(message, reply) if reply is not None else message
         try:
-            await asyncio.wait_for(adapter.send_notice(message, text), STALLED_NOTE_WAIT_S)
-        except (PlatformError, TimeoutError) as note_failed:
-            logger.warning(
-                "request %s: the stall note could not be posted: %s", message.request_id, note_failed
-            )
+            await asyncio.wait_for(adapter.send_notice(where, text), FAILURE_NOTE_WAIT_S)
+        except (PlatformError, TimeoutError) as failed:
+            logger.warning("request %s: the failure note could not be posted: %s", message.request_id, failed)
 
     async def _prepare(
         self,
@@ -581,6 +586,7 @@ class Pipeline:
             metrics.REPLIES_FAILED.labels(message.platform).inc()
             logger.error("request %s: reply could not be posted: %s", message.request_id, exc)
             record.status, record.error = exc.request_status, f"post: {exc}"[:500]
+            await self._note(message, adapter, reply, UNDELIVERED_TEXT.format(detail=exc))
         record.post_ms = (time.perf_counter() - post_started) * 1000
         if reply.first_visible_at is not None:
             metrics.FIRST_VISIBLE.labels(record.scenario, record.lane, record.platform).observe(

@@ -132,7 +132,9 @@ async def test_a_reply_that_cannot_be_delivered_after_retries_is_counted_and_log
     failing = fake.calls_to("PUT", r"/api/v4/posts/\w+/patch")[-1]
     line = next(r.getMessage() for r in caplog.records if "could not be posted" in r.getMessage())
     assert failing.request_id in line  # the server's request id, for its own logs
-    assert len(bot_replies(fake, post["id"])) == 1  # the placeholder, never a second answer
+    await fake.wait_for(lambda: len(bot_replies(fake, post["id"])) == 2)
+    placeholder, note = bot_replies(fake, post["id"])  # never a second answer: a note says why
+    assert "could not post its whole answer" in note["message"] and "503" in note["message"]
 
 
 async def test_the_real_mattermostdriver_speaks_to_the_fake_rest_and_websocket(fake: FakeMattermost) -> None:

@@ -11,7 +11,7 @@
         ├── PlatformThrottled        still rate limited after the retry policy's ``patience_s``
         └── PlatformUnavailable      5xx, timeouts or connection errors after ``max_retries``
 
-Each adapter maps its platform's failures into this tree in one place (``bot.adapters.slack``:
+Each adapter maps its platform's failures into this tree in one place (``bot.adapters.slack_api``:
 ``SlackCallError``; ``bot.adapters.mattermost_rest``: ``MattermostAPIError``; their subclasses
 also derive from the branch they belong to). The pipeline maps a branch to a request status
 (:attr:`PlatformError.request_status`) and never handles a platform's own exception types.

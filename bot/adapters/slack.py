@@ -11,29 +11,18 @@ one mention, and every retry of either (``X-Slack-Retry-Num`` / Socket Mode ``re
 the same key in the store and only the first is answered. Messages written by bots (any event
 with a ``bot_id``) are dropped unless allow-listed (:mod:`bot.access`).
 
-Every Web API call, ours, bolt's and slack_sdk's chat-stream helper's, goes through one transport
-(:class:`SlackWebClient`): it takes a slot of the app-wide rate budget (:mod:`bot.adapters.ratelimit`:
-Slack's tiers per method, about one post per second per channel), waits out a 429's ``Retry-After``
-for that method across the whole app, backs off on 5xx and connection errors under the one retry
-policy (:mod:`bot.retry`, each retry counted in ``CHAT_API_RETRIES``), and before re-posting a
-``chat.postMessage`` that may already have been stored it looks for the post's metadata tag in the
-thread. A call that fails for good raises a :class:`SlackCallError` of the matching branch of
-:mod:`bot.errors`.
-
-An answer is one :class:`SlackReply` with two renderings chosen at run time: Slack's native
-streaming (``chat.startStream`` / ``appendStream`` / ``stopStream`` through slack_sdk's
-``AsyncChatStream``, context gathering shown as plan / task updates, then the answer as markdown)
-or post-and-edit (``chat.postMessage`` + ``chat.update`` in mrkdwn). A workspace that answers the
-streaming methods are unavailable is remembered and gets post-and-edit from then on. The sign of
-life is a reaction on the asking message (the thread status in assistant threads), swapped for a
-done / failed reaction when the answer ends.
+The adapter has three rooms, like Mattermost's: this one (connections, events, commands, signs of
+life, reading threads back), :mod:`bot.adapters.slack_api` (the Web API transport every call goes
+through: rate budget, retries, the error tree) and :mod:`bot.adapters.slack_reply` (an answer's two
+renderings: native streaming or post-and-edit). A workspace that answers the streaming methods are
+unavailable is remembered here and gets post-and-edit from then on. The sign of life is a reaction
+on the asking message (the thread status in assistant threads), swapped for a done / failed
+reaction when the answer ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import json
 import logging
 import re
@@ -41,7 +30,7 @@ import time
 import urllib.parse
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,25 +41,29 @@ from slack_bolt.adapter.socket_mode.internals import build_headers
 from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.request import SocketModeRequest
-from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
-from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from bot.access import AccessPolicy, slack_author
-from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream, cancel_pending
+from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.ratelimit import (
     STALL_AFTER_S,
-    BudgetStalled,
     BudgetTimeout,
     Priority,
     RateBudget,
     Ticket,
     prepaid,
-    release_when_done,
     ticket,
+)
+from bot.adapters.slack_api import (
+    PLATFORM,
+    POST_EVENT_TYPE,
+    SlackCallError,
+    SlackRejected,
+    SlackWebClient,
+    call_policy,
+    slack_error,
 )
 from bot.adapters.slack_format import (
     FEEDBACK_DOWN,
@@ -78,82 +71,28 @@ from bot.adapters.slack_format import (
     answer_blocks,
     escape,
     fallback_text,
-    footer_blocks,
     markdown_to_mrkdwn,
 )
+from bot.adapters.slack_reply import SIGN_OF_LIFE_KEY, STREAM_UNAVAILABLE, SlackReply
 from bot.adapters.slack_socket import SocketModeConnections
-from bot.adapters.streaming import StreamingReply, split_text
 from bot.config import RetrySettings, SlackSettings
-from bot.errors import (
-    PlatformError,
-    PlatformRejected,
-    PlatformThrottled,
-    PlatformUnavailable,
-    platform_branch,
-)
 from bot.http import accepts
 from bot.logs import request_scope
-from bot.metrics import CHAT_API_RETRIES, REPLIES_FAILED, count_chat_call
-from bot.progress import note_progress
-from bot.retry import (
-    RetriesExhausted,
-    RetryBudget,
-    RetryKnobs,
-    retry_after_from_headers,
-    until_deadline,
-)
-from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote, ThreadPost, ThreadRead
+from bot.metrics import REPLIES_FAILED
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 
 if TYPE_CHECKING:
     from bot.store import Store
 
 logger = logging.getLogger(__name__)
 
-PLATFORM = "slack"
 SIGNATURE_MAX_AGE_S = 300
 """Slack's replay window: a request timestamp older (or newer) than this is refused."""
 _QUOTE_LIMIT = 500
-POST_EVENT_TYPE = "opsbot_post"
-"""``metadata.event_type`` of every message opsbot posts; its ``event_payload`` carries the request
-id and a key unique to the post, by which a retried post is found instead of posted twice."""
-NATIVE_TEXT_LIMIT = 12_000
-"""Characters of markdown in one natively streamed message (``markdown_text``'s limit)."""
 UNKNOWN_USER_TTL_S = 3600.0
 """Seconds a user that ``users.info`` does not know stays unknown before it is looked up again."""
-FIRST_PIECE_CHARS = 4
-"""Text is streamed up to its last whole word (a word still growing may yet turn out to be a secret
-and be redacted), except the answer's very first piece: until a first word is whole, up to this
-many of its characters go out at once. The engine sends the first token alone and the next ones a
-few tokens later (vLLM's ``stream_interval``), so waiting for the first whole word cost one or two
-such intervals (90-180 ms under load on the H200) before anything was visible. Four characters
-of a word that does turn out to be a secret are at most its public type prefix (``ghp_``,
-``AKIA``, ``xoxb``, ``sk-p``, ``eyJh``), and the final message replaces it."""
-SOURCES_WAIT_S = 0.5
-"""Seconds the sources' task update waits for the answer's first words to share its
-``chat.appendStream`` (one call instead of two per answer, and no round trip ahead of the first
-words); sent alone after that, so a long model queue never hides which sources were read."""
-STREAM_UNAVAILABLE = frozenset(
-    {
-        "unknown_method",
-        "not_allowed_token_type",
-        "missing_scope",
-        "method_deprecated",
-        "deprecated_endpoint",
-        "access_denied",
-        "not_allowed",
-        "enterprise_is_restricted",
-        "is_bot",
-    }
-)
-"""``chat.startStream`` errors that mean this workspace (app, token) cannot stream natively at all:
-remembered per workspace. Any other refusal (a channel type, a recipient) falls back for one answer."""
-_NOT_REPLAYABLE = frozenset({"chat.startStream", "chat.appendStream", "chat.stopStream"})
-# A stream call that failed with a 5xx or a timeout may have taken effect, and it cannot be found
-# again by a tag: it is not retried blindly; the reply repairs the message (chat.update) instead.
-_SIGN = "slack_sign_of_life"  # IncomingMessage.extra key: which sign of life was shown
 _THREAD_STATUS = "is looking into it…"
 _ASSISTANT_THREADS_MAX = 10_000
-_DEFANG = re.compile(r"<([!@#])")
 _MAX_THREAD_PAGES = 50
 """Most ``conversations.replies`` calls for one thread (a runaway thread must not eat the rate tier)."""
 _PERMALINK = re.compile(
@@ -168,622 +107,6 @@ def slack_time(ts: object) -> float | None:
         return float(str(ts))
     except ValueError:
         return None
-
-
-class SlackCallError(PlatformError, SlackApiError):
-    """A Web API call failed for good; its subclasses place it in :mod:`bot.errors`' tree.
-
-    It is a ``SlackApiError`` too, so bolt and slack_sdk helpers that call through the transport
-    handle it as they handle Slack's own errors.
-    """
-
-    def __init__(
-        self,
-        method: str,
-        error: str,
-        *,
-        http_status: int | None = None,
-        response: AsyncSlackResponse | None = None,
-    ) -> None:
-        SlackApiError.__init__(self, f"{method}: {error}", response)  # type: ignore[no-untyped-call]
-        self.method = method
-        self.error = error
-        """Slack's error code (``not_in_channel``, ``ratelimited``, ...) or what went wrong."""
-        self.http_status = http_status
-
-    def __str__(self) -> str:
-        return f"{self.method}: {self.error}"
-
-
-class SlackRejected(SlackCallError, PlatformRejected):
-    """Slack answered ``ok: false`` or a 4xx: the call itself is wrong (retrying cannot help)."""
-
-
-class SlackThrottled(SlackCallError, PlatformThrottled):
-    """Still rate limited after ``slack.retry.patience_s``."""
-
-
-class SlackUnavailable(SlackCallError, PlatformUnavailable):
-    """5xx or connection errors after ``slack.retry.max_retries`` retries."""
-
-
-_SLACK_BRANCH: dict[type[PlatformError], type[SlackCallError]] = {
-    PlatformRejected: SlackRejected,
-    PlatformThrottled: SlackThrottled,
-    PlatformUnavailable: SlackUnavailable,
-}
-
-
-def slack_error(
-    method: str,
-    error: str,
-    *,
-    http_status: int | None,
-    exhausted: str | None = None,
-    response: AsyncSlackResponse | None = None,
-) -> SlackCallError:
-    """The :class:`SlackCallError` of the right branch for a failed call."""
-    cls = _SLACK_BRANCH[platform_branch(http_status=http_status, exhausted=exhausted)]
-    return cls(method, error, http_status=http_status, response=response)
-
-
-_POLICY: contextvars.ContextVar[RetryKnobs | None] = contextvars.ContextVar(
-    "opsbot_slack_policy", default=None
-)
-
-
-@contextlib.contextmanager
-def call_policy(policy: RetryKnobs) -> Iterator[None]:
-    """Calls made in this block retry under ``policy`` instead of ``slack.retry`` (signs of life:
-    no long waits)."""
-    token = _POLICY.set(policy)
-    try:
-        yield
-    finally:
-        _POLICY.reset(token)
-
-
-class SlackWebClient(AsyncWebClient):
-    """slack_sdk's client with opsbot's transport under every call (see the module docstring)."""
-
-    def __init__(self, *, rate_budget: RateBudget, retry: RetrySettings, **kwargs: Any) -> None:
-        # Retries are ours: the budget must see every attempt, so slack_sdk's own handlers are off.
-        super().__init__(retry_handlers=[], **kwargs)
-        self.rate_budget = rate_budget
-        self.retry_policy = retry
-        self.bot_id: str | None = None
-        """The bot's own ``bot_id`` (set after ``auth.test``), to recognise its own posts."""
-
-    async def api_call(  # type: ignore[override]
-        self,
-        api_method: str,
-        *,
-        http_verb: str = "POST",
-        files: dict[str, Any] | None = None,
-        data: Any = None,
-        params: dict[str, Any] | None = None,
-        json: dict[str, Any] | None = None,
-        headers: dict[str, Any] | None = None,
-        auth: dict[str, Any] | None = None,
-    ) -> AsyncSlackResponse:
-        """One Web API call: a rate-budget slot, the call, retries under the retry policy."""
-        args: Mapping[str, Any] = json if json is not None else params if params is not None else {}
-        if not args and isinstance(data, Mapping):
-            args = data
-        channel = str(args.get("channel") or args.get("channel_id") or "") or None
-        budget = RetryBudget(_POLICY.get() or self.retry_policy)
-        first_try_wall = time.time()
-        while True:
-            async with self._try_slot(api_method, channel, budget):
-                try:
-                    response = await super().api_call(
-                        api_method,
-                        http_verb=http_verb,
-                        files=files,
-                        data=data,
-                        params=params,
-                        json=json,
-                        headers=headers,
-                        auth=auth,
-                    )
-                    note_progress()  # Slack answered: the answer moves
-                    count_chat_call(PLATFORM, api_method, "ok")
-                    return response
-                except SlackApiError as exc:
-                    note_progress()  # an error answer is an answer too (no hang)
-                    status = exc.response.status_code
-                    body = exc.response.data
-                    error = str(body.get("error", "")) if isinstance(body, dict) else ""
-                    detail = error or f"HTTP {status}"
-                    if status != 429 and status < 500:
-                        count_chat_call(PLATFORM, api_method, "rejected")
-                        raise slack_error(
-                            api_method, detail, http_status=status, response=exc.response
-                        ) from exc
-                    count_chat_call(PLATFORM, api_method, "ratelimited" if status == 429 else "server_error")
-                    try:
-                        if status == 429:
-                            reason = "ratelimited"
-                            wait = retry_after_from_headers(exc.response.headers)
-                            # Slack counts per method per app: hold the method everywhere, not
-                            # just for this channel or this answer.
-                            self.rate_budget.hold(api_method, wait if wait is not None else 1.0)
-                            delay = budget.after_rate_limit(wait, detail)
-                            self.rate_budget.hold(api_method, delay)
-                        else:
-                            reason = "server_error"
-                            delay = budget.after_failure(detail)
-                    except RetriesExhausted as gave_up:
-                        raise slack_error(
-                            api_method,
-                            str(gave_up),
-                            http_status=status,
-                            exhausted=gave_up.reason,
-                            response=exc.response,
-                        ) from exc
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    reason, detail, status = "connection", type(exc).__name__, None
-                    count_chat_call(PLATFORM, api_method, reason)
-                    try:
-                        delay = budget.after_failure(detail)
-                    except RetriesExhausted as gave_up:
-                        raise slack_error(
-                            api_method, str(gave_up), http_status=None, exhausted=gave_up.reason
-                        ) from exc
-            # Outside the slot: the failed attempt's token refills from now.
-            if reason != "ratelimited":
-                if api_method in _NOT_REPLAYABLE:
-                    raise slack_error(
-                        api_method,
-                        f"{detail} (not retried: it may have taken effect)",
-                        http_status=status,
-                        exhausted="failures",
-                    )
-                if api_method == "chat.postMessage" and isinstance(json, dict):
-                    found = await self._already_posted(json, first_try_wall)
-                    if found is not None:
-                        logger.info(
-                            "slack chat.postMessage: the failed try was stored after all (ts=%s); "
-                            "not posting it again",
-                            found["ts"],
-                        )
-                        return AsyncSlackResponse(
-                            client=self,
-                            http_verb="POST",
-                            api_url=f"{self.base_url}{api_method}",
-                            req_args={"json": json},
-                            data=found,
-                            headers={},
-                            status_code=200,
-                        )
-            CHAT_API_RETRIES.labels(PLATFORM, api_method, reason).inc()
-            logger.info(
-                "slack %s retry %d in %.2f s: %s (channel=%s)",
-                api_method,
-                budget.attempt,
-                delay,
-                detail,
-                channel,
-            )
-            if reason != "ratelimited":  # a 429's wait is the budget's hold on the method
-                await asyncio.sleep(delay)
-
-    @contextlib.asynccontextmanager
-    async def _try_slot(
-        self, api_method: str, channel: str | None, retry: RetryBudget
-    ) -> AsyncIterator[None]:
-        """A budget slot for one try (a permit the caller passed pays for the first) within what is
-        left of the call's deadline; past it, or when no slot can come, the call fails."""
-        try:
-            permit = await self.rate_budget.acquire(api_method, channel, max_wait_s=retry.remaining_s())
-        except BudgetStalled as exc:
-            raise slack_error(api_method, str(exc), http_status=None, exhausted="failures") from None
-        except BudgetTimeout:
-            detail = f"no rate-budget slot before the call's deadline ({retry.policy.deadline_s:g} s)"
-            raise slack_error(api_method, detail, http_status=None, exhausted="failures") from None
-        try:
-            yield
-        finally:
-            permit.release()
-
-    async def _already_posted(self, args: Mapping[str, Any], since_wall: float) -> dict[str, Any] | None:
-        """The message a failed ``chat.postMessage`` stored after all, found by its metadata tag."""
-        meta = args.get("metadata")
-        if not isinstance(meta, Mapping) or meta.get("event_type") != POST_EVENT_TYPE:
-            return None
-        key = (meta.get("event_payload") or {}).get("post_key")
-        channel = str(args.get("channel", ""))
-        thread = args.get("thread_ts")
-        # Slack's ts is the server's clock: look back a little further than our first try.
-        query: dict[str, Any] = {
-            "channel": channel,
-            "include_all_metadata": "true",
-            "oldest": f"{since_wall - 60:.6f}",
-            "limit": 200,
-        }
-        method = "conversations.history"
-        if thread:
-            method, query["ts"] = "conversations.replies", str(thread)
-        try:
-            resp = await self.api_call(method, http_verb="GET", params=query)
-        except SlackCallError as exc:  # cannot tell: posting again risks a duplicate, not posting a loss
-            logger.warning("slack: cannot look for a possibly stored post (%s); posting again", exc)
-            return None
-        for msg in resp.get("messages") or []:
-            payload = (msg.get("metadata") or {}).get("event_payload") or {}
-            if (msg.get("metadata") or {}).get("event_type") == POST_EVENT_TYPE and payload.get(
-                "post_key"
-            ) == key:
-                return {"ok": True, "channel": channel, "ts": msg.get("ts"), "message": msg}
-        return None
-
-
-def _defang(markdown: str) -> str:
-    """Break Slack's ``<!channel>`` / ``<@U…>`` / ``<#C…>`` sequences in model text (it may quote
-    untrusted context); a zero-width space keeps the text readable and prefixes stable."""
-    return _DEFANG.sub("<\u200b\\1", markdown)
-
-
-class _EditRendering(StreamingReply):
-    """Post-and-edit: ``chat.postMessage`` (placeholder or first text), ``chat.update`` edits."""
-
-    edit_method = "chat.update"
-    post_method = "chat.postMessage"
-
-    def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
-        settings = adapter.settings
-        super().__init__(
-            channel=message.channel,
-            thread_id=thread_ts,
-            limit=settings.message_limit,
-            edit_interval_s=settings.edit_interval_s,
-            budget=adapter.budget,
-            post_placeholder=settings.post_placeholder == "always" or not message.extra.get(_SIGN),
-        )
-        self._adapter = adapter
-        self._request_id = message.request_id
-
-    def _format(self, text: str) -> str:
-        return markdown_to_mrkdwn(text)
-
-    async def _post(self, text: str, final: FinalAnswer | None) -> str:
-        return await self._adapter.post_piece(self.channel, self.thread_id, text, final, self._request_id)
-
-    async def _edit(self, message_id: str, text: str, final: FinalAnswer | None) -> None:
-        params: dict[str, Any] = {"channel": self.channel, "ts": message_id, "text": fallback_text(text)}
-        if final is not None:
-            params["blocks"] = answer_blocks(text, final)
-        await self._adapter.call("chat.update", params, channel=self.channel)
-
-
-class _NativeRendering(ReplyStream):
-    """Slack's native streaming through slack_sdk's ``AsyncChatStream``: a plan while context is
-    gathered, task updates per source, then the answer appended as markdown within the
-    ``chat.appendStream`` budget, and ``chat.stopStream`` with the footer and feedback buttons."""
-
-    def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
-        self._adapter = adapter
-        self._message = message
-        self._thread_ts = thread_ts
-        self.channel = message.channel
-        self.limit = min(adapter.settings.message_limit, NATIVE_TEXT_LIMIT)
-        self.edit_interval_s = adapter.settings.edit_interval_s
-        self.stream = AsyncChatStream(
-            adapter.client,
-            channel=message.channel,
-            logger=logging.getLogger("bot.adapters.slack.stream"),
-            thread_ts=thread_ts,
-            buffer_size=1,  # every append is sent; the budget and the edit interval decide when
-            recipient_team_id=message.team or adapter.team_id,
-            recipient_user_id=message.user,
-            task_display_mode="plan",
-        )
-        self._sent = ""
-        self._latest: str | None = None
-        self._broken: str | None = None
-        self._editor: asyncio.Task[None] | None = None
-        self._in_flight: asyncio.Future[Any] | None = None
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._started_at = time.monotonic()
-        self._last_append = float("-inf")
-        self._pending_chunks: list[dict[str, Any]] | None = None
-        """The sources' task updates, waiting for the first words to travel with (``show_sources``)."""
-        self._sources_due = float("inf")
-
-    @property
-    def thread_id(self) -> str:
-        return self._thread_ts
-
-    @property
-    def ts(self) -> str | None:
-        """The streamed message's ``ts`` (after :meth:`start`)."""
-        return self.stream.ts
-
-    def posted_ids(self) -> Sequence[str]:
-        """The streamed message, once started."""
-        return (self.stream.ts,) if self.stream.ts else ()
-
-    async def start(self) -> None:
-        """``chat.startStream`` with the plan (the caller holds the ``startStream`` slot)."""
-        with ticket(Priority.ACK):
-            await self.stream.append(
-                chunks=[
-                    {"type": "plan_update", "title": "Looking into it"},
-                    {
-                        "type": "task_update",
-                        "id": "context",
-                        "title": "Cluster context",
-                        "status": "in_progress",
-                    },
-                ]
-            )
-
-    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
-        """Queue the sources' task updates: they travel with the answer's first words (one
-        ``chat.appendStream``, no round trip ahead of them) or alone after ``SOURCES_WAIT_S``."""
-        chunks: list[dict[str, Any]] = []
-        for i, note in enumerate(sources):
-            failed = note.status not in ("ok", "empty", "skipped")
-            chunk: dict[str, Any] = {
-                "type": "task_update",
-                "id": f"source-{i}",
-                "title": note.name,
-                "status": "error" if failed else "complete",
-            }
-            if failed or note.status == "empty":
-                chunk["output"] = f"{note.status}{': ' + note.detail if note.detail else ''}"[:200]
-            chunks.append(chunk)
-        chunks.append(
-            {"type": "task_update", "id": "context", "title": "Cluster context", "status": "complete"}
-        )
-        if self._closed or self._broken:
-            return
-        self._pending_chunks = chunks
-        self._sources_due = time.monotonic() + SOURCES_WAIT_S
-        asyncio.get_running_loop().call_later(SOURCES_WAIT_S, self._wake.set)
-        self._start_editor()
-
-    def seconds_to_next_edit(self) -> float:
-        return max(0.0, self._last_append + self.edit_interval_s - time.monotonic())
-
-    async def update(self, text: str) -> None:
-        if self._closed or self._broken:
-            return
-        self._latest = text
-        self._wake.set()
-        self._start_editor()
-
-    def _start_editor(self) -> None:
-        if self._editor is None:
-            self._editor = asyncio.create_task(self._append_loop(), name=f"reply-stream-{self.channel}")
-
-    def _stable_delta(self) -> str:
-        """New text to append: only what extends what was sent, up to the last whole word (a word
-        still growing may yet be redacted), within the message limit."""
-        if self._latest is None:
-            return ""
-        # Leading whitespace shows nothing, and engines differ on whether the final text keeps it:
-        # streamed and final text both start at the first visible character, so they still match.
-        shown = _defang(self._latest).lstrip()
-        if not shown.startswith(self._sent):
-            return ""  # rewritten (redaction): the final message repairs it
-        cut = max(shown.rfind(" "), shown.rfind("\n")) + 1
-        stable = shown[: min(cut, self.limit)]
-        if not self._sent and not stable.strip():
-            stable = shown[:FIRST_PIECE_CHARS]  # the first characters at once (see FIRST_PIECE_CHARS)
-        delta = stable[len(self._sent) :]
-        # Whitespace alone shows nothing yet and would spend the edit interval: wait for a word.
-        return delta if delta.strip() else ""
-
-    def _sources_overdue(self) -> bool:
-        return self._pending_chunks is not None and time.monotonic() >= self._sources_due
-
-    async def _append_loop(self) -> None:
-        budget = self._adapter.budget
-        while not self._closed:
-            await self._wake.wait()
-            self._wake.clear()
-            wait = self._last_append + self.edit_interval_s - time.monotonic()
-            text_due = True
-            if wait > 0:
-                if self._sources_overdue():  # the edit interval paces text, not the task update
-                    text_due = False
-                else:
-                    await asyncio.sleep(wait)
-            if self._closed or not (self._stable_delta() or self._sources_overdue()):
-                continue
-            since = self._started_at if self._last_append == float("-inf") else self._last_append
-            permit = await budget.acquire(
-                "chat.appendStream", self.channel, ticket=Ticket(Priority.STREAM, since)
-            )
-            delta = self._stable_delta() if text_due else ""  # the newest, after the wait for a slot
-            chunks = self._take_pending()
-            if not delta and not chunks:
-                permit.release()
-                continue
-            with prepaid(permit):
-                self._in_flight = asyncio.ensure_future(self._append(delta, chunks))
-            self._in_flight.add_done_callback(release_when_done(permit))
-            try:
-                await asyncio.shield(self._in_flight)
-            except asyncio.CancelledError:
-                raise
-            except (SlackCallError, SlackRequestError) as exc:
-                if not delta:  # the task update alone: the footer still lists the sources
-                    logger.warning("slack stream task update failed in %s: %s", self.channel, exc)
-                    continue
-                self._broken = str(exc)
-                logger.warning(
-                    "slack stream append failed in %s: %s (repaired at the end)", self.channel, exc
-                )
-                return
-            finally:
-                if delta:
-                    self._last_append = time.monotonic()
-                elif self._latest is not None:
-                    self._wake.set()  # text held back by its edit interval goes next
-
-    async def _append(self, delta: str, chunks: list[dict[str, Any]] | None = None) -> None:
-        # What was sent is recorded here, not in the loop: finish() may stop the loop mid-call.
-        if chunks:
-            text = [{"type": "markdown_text", "text": delta}] if delta else []
-            await self.stream.append(chunks=[*chunks, *text])
-        else:
-            await self.stream.append(markdown_text=delta)
-        self._sent += delta
-        if delta and self.first_visible_at is None:
-            self.first_visible_at = time.perf_counter()
-
-    def abandon(self) -> None:
-        self._closed = True
-        cancel_pending(self._editor, self._in_flight)
-
-    async def finish(self, answer: FinalAnswer) -> None:
-        self._closed = True
-        if self._editor is not None:
-            self._editor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._editor
-        if self._in_flight is not None and not self._in_flight.done():
-            with contextlib.suppress(Exception):
-                await self._in_flight
-            self._last_append = time.monotonic()
-            if self._in_flight.exception() is not None:
-                self._broken = str(self._in_flight.exception())
-        chunks = split_text(_defang(answer.text).lstrip() or "_(empty answer)_", self.limit)
-        single = len(chunks) == 1
-        tag = self._adapter.post_tag(answer.request_id)
-        first = chunks[0]
-        streamed = self._broken is None and first.startswith(self._sent)
-        # The final text is the answer: its calls go first and retry until their deadline.
-        with ticket(Priority.FINAL), until_deadline():
-            wait = self._last_append + self.edit_interval_s - time.monotonic()
-            if streamed and wait > 0:  # the last piece respects the message's edit rate too
-                await asyncio.sleep(wait)
-            if streamed:
-                try:
-                    await self.stream.stop(
-                        markdown_text=first[len(self._sent) :] or None,
-                        chunks=self._take_pending(),
-                        blocks=footer_blocks(answer) if single else None,
-                        metadata=tag,
-                    )
-                except (SlackCallError, SlackRequestError) as exc:
-                    streamed = False
-                    logger.warning(
-                        "slack stream stop failed in %s: %s; replacing the text", self.channel, exc
-                    )
-            if not streamed:
-                await self._repair(first, answer if single else None)
-            if self.first_visible_at is None:
-                self.first_visible_at = time.perf_counter()
-            for i, chunk in enumerate(chunks[1:], start=1):
-                await self._adapter.post_piece(
-                    self.channel,
-                    self._thread_ts,
-                    markdown_to_mrkdwn(chunk),
-                    answer if i == len(chunks) - 1 else None,
-                    answer.request_id,
-                )
-
-    def _take_pending(self) -> list[dict[str, Any]] | None:
-        """The sources' task updates not sent yet (the stream's last call carries them)."""
-        chunks, self._pending_chunks = self._pending_chunks, None
-        return chunks
-
-    async def _repair(self, first: str, final: FinalAnswer | None) -> None:
-        """The stream no longer matches the answer (redaction rewrote text, a call failed): stop it
-        if it still streams, then replace its text with a normal ``chat.update``."""
-        if self.stream._state != "completed":  # slack_sdk keeps no public flag for it
-            with contextlib.suppress(SlackCallError, SlackRequestError):
-                await self.stream.stop(chunks=self._take_pending())
-        mrkdwn = markdown_to_mrkdwn(first)
-        params: dict[str, Any] = {
-            "channel": self.channel,
-            "ts": self.stream.ts,
-            "text": fallback_text(mrkdwn),
-            "blocks": answer_blocks(mrkdwn, final),
-        }
-        await self._adapter.call("chat.update", params, channel=self.channel)
-
-
-class SlackReply(ReplyStream):
-    """One answer in a Slack thread, rendered natively or as post-and-edit (chosen in :meth:`start`)."""
-
-    def __init__(self, adapter: SlackAdapter, message: IncomingMessage, thread_ts: str) -> None:
-        self._adapter = adapter
-        self._message = message
-        self._thread_ts = thread_ts
-        self._rendering: ReplyStream | None = None
-        self.rendering = ""
-        """``native`` or ``edit`` once started."""
-
-    @property
-    def thread_id(self) -> str:
-        return self._thread_ts
-
-    async def start(self) -> None:
-        """Native streaming where this workspace, this message and the ``startStream`` budget allow
-        it; post-and-edit otherwise (or when Slack refuses the stream)."""
-        adapter, message = self._adapter, self._message
-        if adapter.may_stream_natively(message):
-            wait = None if adapter.settings.streaming == "native" else adapter.settings.native_start_wait_s
-            try:
-                permit = await adapter.budget.acquire(
-                    "chat.startStream", message.channel, ticket=Ticket(Priority.ACK), max_wait_s=wait
-                )
-            except BudgetTimeout:
-                logger.info("slack: no chat.startStream slot within %.1f s: post-and-edit", wait or 0.0)
-            else:
-                native = _NativeRendering(adapter, message, self._thread_ts)
-                try:
-                    with prepaid(permit):
-                        await native.start()
-                    self._rendering, self.rendering = native, "native"
-                    return
-                except SlackCallError as exc:
-                    adapter.streaming_refused(message, exc)
-                finally:
-                    permit.release()
-        edit = _EditRendering(adapter, message, self._thread_ts)
-        await edit.start()
-        self._rendering, self.rendering = edit, "edit"
-
-    @property  # type: ignore[override]
-    def first_visible_at(self) -> float | None:
-        """When answer text first reached Slack (the rendering's own record)."""
-        return self._rendering.first_visible_at if self._rendering is not None else None
-
-    @first_visible_at.setter
-    def first_visible_at(self, value: float | None) -> None:
-        if self._rendering is not None:
-            self._rendering.first_visible_at = value
-
-    @property
-    def _r(self) -> ReplyStream:
-        if self._rendering is None:
-            raise RuntimeError("SlackReply.start() was not called")
-        return self._rendering
-
-    async def show_sources(self, sources: Sequence[SourceNote]) -> None:
-        await self._r.show_sources(sources)
-
-    def seconds_to_next_edit(self) -> float:
-        return self._r.seconds_to_next_edit() if self._rendering is not None else 0.0
-
-    async def update(self, text: str) -> None:
-        await self._r.update(text)
-
-    async def finish(self, answer: FinalAnswer) -> None:
-        await self._r.finish(answer)
-
-    def posted_ids(self) -> Sequence[str]:
-        return self._rendering.posted_ids() if self._rendering is not None else ()
-
-    def abandon(self) -> None:
-        if self._rendering is not None:
-            self._rendering.abandon()
 
 
 class SlackAdapter(ChatAdapter):
@@ -1070,7 +393,7 @@ class SlackAdapter(ChatAdapter):
         if (message.channel, message.thread_id or "") in self._assistant_threads:
             params = {"channel_id": message.channel, "thread_ts": message.thread_id, "status": _THREAD_STATUS}
             if await self._quick("assistant.threads.setStatus", params, Priority.ACK, s.ack_wait_s):
-                message.extra[_SIGN] = "status"
+                message.extra[SIGN_OF_LIFE_KEY] = "status"
         elif s.ack_reaction:
             # Reactions have a small tier: once it is spoken for, an ephemeral note (a larger tier,
             # and no channel post) is the sign of life instead of a wait nobody sees.
@@ -1081,7 +404,7 @@ class SlackAdapter(ChatAdapter):
             if await self._quick(
                 "reactions.add", params, Priority.ACK, s.ack_wait_s, accept=("already_reacted",)
             ):
-                message.extra[_SIGN] = "reaction"
+                message.extra[SIGN_OF_LIFE_KEY] = "reaction"
 
     async def _ephemeral_ack(self, message: IncomingMessage) -> bool:
         params: dict[str, Any] = {
@@ -1092,7 +415,7 @@ class SlackAdapter(ChatAdapter):
         if message.thread_id and message.thread_id != message.message_id:
             params["thread_ts"] = message.thread_id
         if await self._quick("chat.postEphemeral", params, Priority.ACK, self.settings.ack_wait_s):
-            message.extra[_SIGN] = "ephemeral"  # nothing to swap later: it fades by itself
+            message.extra[SIGN_OF_LIFE_KEY] = "ephemeral"  # nothing to swap later: it fades by itself
             return True
         return False
 
@@ -1100,7 +423,7 @@ class SlackAdapter(ChatAdapter):
         """Swap the sign of life for the done / failed reaction (or clear the thread status), in
         the background at the lowest priority: Slack's reaction tiers are small, signs of life
         for new questions go first, and the answer is already there."""
-        sign = message.extra.get(_SIGN)
+        sign = message.extra.get(SIGN_OF_LIFE_KEY)
         if sign is None or sign == "ephemeral":
             return
         s = self.settings

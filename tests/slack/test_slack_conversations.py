@@ -185,7 +185,8 @@ async def test_a_reply_in_the_thread_of_a_refused_question_is_not_answered(
 async def test_a_wrong_app_token_fails_start_with_slacks_error(slack: FakeSlack) -> None:
     from fakes.slack_harness import slack_settings
 
-    from bot.adapters.slack import SlackAdapter, SlackCallError
+    from bot.adapters.slack import SlackAdapter
+    from bot.adapters.slack_api import SlackCallError
 
     adapter = SlackAdapter(slack_settings(slack, app_token="xapp-wrong"), store=None)  # type: ignore[arg-type]
 

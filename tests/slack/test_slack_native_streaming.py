@@ -9,7 +9,7 @@ import pytest
 from fakes.slack_harness import DEFAULTS, BotFactory, answers, has_footer, settled
 from fakes.slack_server import STREAM_METHODS, FakeSlack
 
-from bot.adapters.slack import FIRST_PIECE_CHARS, SOURCES_WAIT_S, SlackReply
+from bot.adapters.slack_reply import FIRST_PIECE_CHARS, SOURCES_WAIT_S, SlackReply
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 
 pytestmark = pytest.mark.timeout(120)

@@ -393,8 +393,9 @@ class MattermostSettings(AccessSettings):
     """Seconds per new post to one channel once its burst (``channel_post_burst``) is spent (0: no
     per-channel limit; every call also counts against ``rate_limit``)."""
     slash_command_wait_s: float = Field(2.0, ge=0, lt=3)
-    """``/rca help`` and ``/rca status``: seconds the command's HTTP response waits for the text so
-    it can carry it directly (later text goes to the ``response_url``)."""
+    """Seconds a slash command's HTTP response waits for the pipeline's first word (a refusal,
+    ``/rca help``, ``/rca status``) so it can carry it directly (later text goes to the
+    ``response_url``)."""
     websocket_ping_interval_s: float = Field(5.0, gt=0)
     """Seconds between websocket pings (at most a third of ``websocket_silence_s``)."""
     websocket_pong_timeout_s: float = Field(5.0, gt=0)

@@ -234,8 +234,11 @@ class Pipeline:
         if not await self.store.claim_event(message.platform, message.event_id, lease):
             metrics.EVENTS_DUPLICATE.labels(message.platform).inc()
             logger.info("duplicate event %s:%s dropped", message.platform, message.event_id)
+            message.settle_first_word(None)
             return
         try:
+            # Access and command words are decided here only; a refusal or a command's text may
+            # ride on the command's own response (``IncomingMessage.first_word``).
             if await self._refused(message, adapter):
                 return
             if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
@@ -244,10 +247,12 @@ class Pipeline:
                 # "@opsbot status": answered in the thread, where whoever asked is looking
                 await adapter.send_notice(message, await self.status_text())
                 return
-            await self._answer(message, adapter, hold)
+            message.settle_first_word(None)  # an answer is on its way
+            await self._answer(message, adapter, scenario, lane, hold)
         except Exception:  # last line of defence: log it, the adapter's loop must go on
             logger.exception("unexpected failure answering %s:%s", message.platform, message.event_id)
         finally:
+            message.settle_first_word(None)
             await self.store.release_claim(message.platform, message.event_id)
 
     async def _refused(self, message: IncomingMessage, adapter: ChatAdapter) -> bool:
@@ -354,10 +359,15 @@ class Pipeline:
 
     # -- answering ---------------------------------------------------------------------------
     async def _answer(
-        self, message: IncomingMessage, adapter: ChatAdapter, hold: UrgentHold | None = None
+        self,
+        message: IncomingMessage,
+        adapter: ChatAdapter,
+        scenario: str,
+        lane: Lane,
+        hold: UrgentHold | None = None,
     ) -> None:
+        """Answer ``message`` as ``scenario`` in ``lane`` (both picked once, in :meth:`handle`)."""
         request_id = message.request_id
-        scenario = pick_scenario(message)
         # Asked in an existing thread (before the reply may start one): then it is read back.
         in_thread = bool(message.thread_id) and message.thread_id != message.message_id
         if scenario in WHOLE_THREAD_SCENARIOS and not in_thread:
@@ -367,7 +377,6 @@ class Pipeline:
                 message, NO_THREAD_TEXT.format(what=scenario.replace("_", " ")), ephemeral=True
             )
             return
-        lane = pick_lane(message, scenario)
         engine_name = self.engines.name_for(scenario)
         record = RequestRecord(
             request_id=request_id,

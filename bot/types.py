@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import re
 import time
@@ -74,6 +75,31 @@ class IncomingMessage:
     """``time.perf_counter()`` when the adapter took the event: where end-to-end time starts."""
     extra: dict[str, object] = field(default_factory=dict)
     """Adapter-private data (response URLs, trigger ids, ...)."""
+    first_word: asyncio.Future[str | None] | None = None
+    """Set by an adapter whose slash command's own response can still carry a short text: settled
+    with the pipeline's first notice for it (a refusal, help, status: :meth:`settle_first_word`
+    from the adapter's ``send_notice``) or with ``None`` once the pipeline takes it on as an answer
+    (or drops it as a duplicate). The access check and the command words stay the pipeline's."""
+
+    def settle_first_word(self, text: str | None) -> bool:
+        """Settle :attr:`first_word` with ``text`` if it still waits; whether it took it."""
+        waiter = self.first_word
+        if waiter is None or waiter.done():
+            return False
+        waiter.set_result(text)
+        return True
+
+    async def wait_first_word(self, timeout_s: float) -> str | None:
+        """The text settled into :attr:`first_word` within ``timeout_s`` (``None``: none, or no
+        answer in time: later notices take the platform's usual way)."""
+        waiter = self.first_word
+        if waiter is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            waiter.cancel()  # too late for the command's response: send_notice posts from now on
+            return None
 
     def __post_init__(self) -> None:
         # Ids become store keys and text reaches the tokenizer: both must be encodable.

@@ -708,9 +708,7 @@ class MattermostAdapter(ChatAdapter):
     async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
         """Help, status and refusals: in the command's response when it can still carry it, then
         to its ``response_url``; ephemeral posts elsewhere (a thread post if that is refused)."""
-        waiter = message.extra.get("notice_future")
-        if isinstance(waiter, asyncio.Future) and not waiter.done():
-            waiter.set_result(text)
+        if message.settle_first_word(text):  # the command's own response carries it
             return
         try:
             response_url = message.extra.get("response_url")
@@ -883,22 +881,15 @@ class MattermostAdapter(ChatAdapter):
             is_direct=self._channel_types.get(channel) == "D",
             extra={"response_url": str(form.get("response_url", ""))},
         )
-        refusal = self.access.refusal_for(message)
-        if refusal is not None:
-            return _ephemeral(refusal.text)
-        word = text.lower()
-        if word in ("", "help", "-h", "--help", "status"):
-            # Short answers ride on the command's own response when they come quickly.
-            waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            message.extra["notice_future"] = waiter
-            self._hand_over(message)
-            try:
-                answer = await asyncio.wait_for(asyncio.shield(waiter), self.settings.slash_command_wait_s)
-                return _ephemeral(answer)
-            except TimeoutError:
-                waiter.cancel()  # send_notice now goes to the response_url
-                return _ephemeral(":hourglass: Working on it…")
+        # The pipeline decides (access, command words); a short answer (a refusal, help, status)
+        # rides on this response when it comes in time, else it goes to the response_url.
+        message.first_word = asyncio.get_running_loop().create_future()
         self._hand_over(message)
+        first = await message.wait_first_word(self.settings.slash_command_wait_s)
+        if first is not None:
+            return _ephemeral(first)
+        if message.first_word.cancelled():  # no word in time
+            return _ephemeral(":hourglass: Working on it…")
         return _ephemeral(
             ":mag: Looking into it — the answer will be in a thread under your request in this channel."
         )

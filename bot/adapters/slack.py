@@ -92,6 +92,9 @@ _QUOTE_LIMIT = 500
 UNKNOWN_USER_TTL_S = 3600.0
 """Seconds a user that ``users.info`` does not know stays unknown before it is looked up again."""
 _THREAD_STATUS = "is looking into it…"
+COMMAND_ACK_WAIT_S = 1.5
+"""Longest wait in seconds for the pipeline's first word on a slash command before it is acked
+without one (Slack drops an ack later than 3 s)."""
 _ASSISTANT_THREADS_MAX = 10_000
 _MAX_THREAD_PAGES = 50
 """Most ``conversations.replies`` calls for one thread (a runaway thread must not eat the rate tier)."""
@@ -482,8 +485,11 @@ class SlackAdapter(ChatAdapter):
         return reply
 
     async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
-        """Ephemeral: only the asker sees it (``chat.postEphemeral``); else a post in the thread."""
+        """Ephemeral: only the asker sees it (a slash command's ack when it can still carry it, else
+        ``chat.postEphemeral``); else a post in the thread."""
         body = markdown_to_mrkdwn(text)
+        if ephemeral and message.settle_first_word(body):
+            return
         try:
             if ephemeral:
                 params: dict[str, Any] = {"channel": message.channel, "user": message.user, "text": body}
@@ -613,19 +619,12 @@ class SlackAdapter(ChatAdapter):
 
     async def _on_command(self, ack: Any, command: dict[str, Any]) -> None:
         channel = str(command.get("channel_id", ""))
-        user = str(command.get("user_id", ""))
         direct = channel.startswith("D") or command.get("channel_name") == "directmessage"
-        refusal = self.access.refusal(channel, user, direct=direct)
-        if refusal is not None:
-            # the ack's text reaches only the person who typed the command
-            await ack(refusal.text)
-            return
-        await ack()  # first, always: Slack gives up on the command after 3 s
         message = IncomingMessage(
             platform=PLATFORM,
             event_id=f"command:{command.get('trigger_id') or command.get('response_url')}",
             channel=channel,
-            user=user,
+            user=str(command.get("user_id", "")),
             text=str(command.get("text", "")).strip(),
             kind=MessageKind.COMMAND,
             thread_id=None,
@@ -633,8 +632,13 @@ class SlackAdapter(ChatAdapter):
             team=command.get("team_id"),
             is_direct=direct,
             extra={"response_url": command.get("response_url"), "trigger_id": command.get("trigger_id")},
+            first_word=asyncio.get_running_loop().create_future(),
         )
         self._hand_over(message)
+        # The pipeline decides (access, command words): a refusal, help or status rides on the ack,
+        # whose text only the person who typed the command sees; Slack gives up after 3 s.
+        text = await message.wait_first_word(COMMAND_ACK_WAIT_S)
+        await (ack(text) if text is not None else ack())
 
     async def _on_feedback(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()

@@ -95,13 +95,12 @@ async def test_rca_help_and_status_are_answered_ephemerally(
     slack: FakeSlack, make_bot: BotFactory, word: str
 ) -> None:
     await make_bot()
-    await slack.deliver("slash_commands", slack.slash_command("C1", "U7", word))
-    await slack.wait_for(lambda: len(slack.ephemerals) == 1)
-    (notice,) = slack.ephemerals
-    assert notice["user"] == "U7" and notice["channel"] == "C1"
+    env = await slack.deliver("slash_commands", slack.slash_command("C1", "U7", word))
+    # The text rides on the command's ack (only the person who typed it sees it): no API call.
+    await slack.wait_for(lambda: env.acked_at is not None)
     expected = "*opsbot* — incident assistant" if word == "help" else "*opsbot status*"
-    assert notice["text"].startswith(expected)
-    assert slack.bot_messages() == []
+    assert (env.ack_payload or {}).get("text", "").startswith(expected)
+    assert slack.bot_messages() == [] and slack.ephemerals == []
 
 
 async def test_follow_up_in_a_bot_thread_is_answered_after_a_restart(

@@ -86,6 +86,17 @@ class KubernetesSnapshotServer:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
 
+    def state_text(self) -> str:
+        """Everything this server serves, as one text (objects as JSON, then every log): what an
+        eval case's decisive facts are looked up in when they did not reach the prompt."""
+        objects = {
+            name: value
+            for name, value in vars(self).items()
+            if isinstance(value, list) and value and isinstance(value[0], dict)
+        }
+        logs = [f"{ns}/{pod}/{container}: {text}" for (ns, pod, container, _), text in self.logs.items()]
+        return "\n".join([json.dumps(objects, sort_keys=True), *self.namespaces, *logs])
+
     # -- faults ------------------------------------------------------------------------------
 
     def fail(self, path_regex: str, status: int, message: str = "injected fault") -> None:

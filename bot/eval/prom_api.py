@@ -14,6 +14,7 @@ Routes: ``GET|POST /api/v1/query``, ``/api/v1/query_range``, ``GET /api/v1/alert
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,19 @@ class PrometheusSnapshotServer:
             if all(_matches(op, v, s.labels[k]) for k, op, v in matchers if k in s.labels):
                 out.append(s)
         return out
+
+    def state_text(self) -> str:
+        """Every recorded series (labels and values) and alert, as one text (see
+        :mod:`bot.eval.evidence`)."""
+        lines = [
+            f"{s.metric}{json.dumps(dict(s.labels), sort_keys=True)} {' '.join(_fmt(v) for v in s.values)}"
+            for s in self.series
+        ]
+        lines += [
+            json.dumps({"labels": dict(a.labels), "annotations": dict(a.annotations)}, sort_keys=True)
+            for a in self.alerts
+        ]
+        return "\n".join(lines)
 
     def app(self) -> web.Application:
         """The aiohttp application."""

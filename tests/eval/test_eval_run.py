@@ -40,8 +40,12 @@ def test_all_built_in_cases_run_through_the_pipeline_and_are_reported(
     assert totals["object_named"]["of"] == len(cases)
     assert totals["numbers_expected"] == sum(len(c.expect.numbers) for c in cases)
     assert totals["ttft_ms"]["p50"] > 0 and totals["e2e_ms"]["max"] >= totals["e2e_ms"]["p50"]
-    # Every case's expected objects and numbers were in the prompt it ran with.
-    assert totals["invalid_cases"] == []
+    # Every case's decisive facts (expected objects and numbers) reached the prompt it ran with,
+    # and the report says which source supplied them.
+    assert totals["invalid_cases"] == totals["gathering_misses"] == totals["budget_misses"] == []
+    assert totals["evidence_recall"] == {"hits": len(cases), "of": len(cases)}
+    assert totals["fact_sources"]["Kubernetes"] > totals["fact_sources"].get("question", 0)
+    assert "evidence recall" in summary[0]
 
     by_id = {c["id"]: c for c in report["cases"]}
     for case in report["cases"]:
@@ -65,7 +69,13 @@ def test_all_built_in_cases_run_through_the_pipeline_and_are_reported(
     assert "Progressing=False ProgressDeadlineExceeded" in by_id["bad-rollout-api"]["prompt"]
 
     markdown = (out / "report.md").read_text()
-    assert "| case | scenario | status | object | reason | numbers | hallucinated | TTFT | e2e |" in markdown
+    assert (
+        "| case | scenario | status | evidence | object | reason | numbers | hallucinated | TTFT | e2e |"
+        in markdown
+    )
+    assert "| evidence recall (every decisive fact in the prompt) |" in markdown
+    oom_facts = {" / ".join(f["wanted"]): f for f in by_id["oom-worker"]["evidence"]}
+    assert oom_facts["137"]["status"] == "in_prompt" and oom_facts["137"]["source"].startswith("Kubernetes: ")
     assert all(f"| {c.id} |" in markdown for c in cases)
     # The request rows went to the eval's own database.
     assert (out / "eval.db").is_file()

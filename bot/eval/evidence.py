@@ -9,7 +9,8 @@ looked up in turn in
 2. the context the gatherer returned, before the budget fitted it: ``cut`` (a budget miss);
 3. the state the case's own servers served (objects, logs, series, alerts): ``not_gathered`` (a
    gathering miss: the fact was there to be found);
-4. nowhere: ``not_served`` (the case asks for a fact its own state does not hold: fix the case).
+4. nowhere: ``not_served`` (the case asks for a fact its own state does not hold: fix the case). A
+   number counts as served when its digits are (``187%`` where the state says ``187``).
 
 A case is recalled when every fact is ``in_prompt``. Its miss is the worst of its facts
 (``not_served`` > ``not_gathered`` > ``cut``).
@@ -85,6 +86,18 @@ def _first(options: Sequence[str], text: str, number: bool) -> str | None:
     return next((o for o in options if _holds(text, o, number)), None)
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _served(term: str, served: str, number: bool) -> bool:
+    """Whether the served state holds ``term``: as written, or (a number in a form opsbot writes,
+    ``187%`` or ``restarts 12``, whose state says ``averageUtilization: 187``) every number in it."""
+    if _holds(served, term, number):
+        return True
+    numbers = _NUMBER.findall(term)
+    return bool(numbers) and all(contains_number(served, n) for n in numbers)
+
+
 def trace(
     expect: Expectation, prompt: str, gathered: str | None = None, served: str | None = None
 ) -> list[FactEvidence]:
@@ -112,7 +125,9 @@ def trace(
             if gathered is not None and (hit := _first(options, gathered, number)) is not None:
                 out.append(FactEvidence(kind, list(options), CUT, hit))
                 continue
-            hit = _first(options, served, number) if served is not None else None
+            hit = (
+                next((o for o in options if _served(o, served, number)), None) if served is not None else None
+            )
             if hit is not None or served is None:
                 out.append(FactEvidence(kind, list(options), NOT_GATHERED, hit))
             else:

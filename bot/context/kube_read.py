@@ -5,8 +5,8 @@ few thousand pods would spend the whole context deadline on deserialising. So th
 for what it is good at (kubeconfig, in-cluster credentials, TLS, auth refresh) and the answers are
 read as JSON dicts, in the API's own field names.
 
-Only GET is ever sent (``deploy/rbac.yaml`` grants get / list / watch); Secrets are not among the
-resources this module knows, so no code path can read one.
+Only GET is ever sent (``deploy/rbac.yaml`` grants get / list / watch); Secrets and ConfigMaps are
+not among the resources this module knows, so no code path can read one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.client.rest import RESTResponse
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +32,6 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "nodes": ("/api/v1", False),
     "namespaces": ("/api/v1", False),
     "services": ("/api/v1", True),
-    "configmaps": ("/api/v1", True),
     "persistentvolumeclaims": ("/api/v1", True),
     "persistentvolumes": ("/api/v1", False),
     "deployments": ("/apis/apps/v1", True),
@@ -46,7 +44,9 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "jobs": ("/apis/batch/v1", True),
     "cronjobs": ("/apis/batch/v1", True),
 }
-"""Every resource opsbot reads: API prefix and whether it is namespaced (never ``secrets``)."""
+"""Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` nor
+``configmaps`` (both may hold credentials; ``deploy/rbac.yaml`` grants neither): a pod's references
+to them are read from its own spec."""
 
 
 def api_error(exc: BaseException) -> str:
@@ -97,11 +97,14 @@ class KubeReader:
         )
         async with response:
             data = await response.read()
+            text = bytes(data).decode("utf-8", errors="replace")
             if not 200 <= response.status <= 299:
-                raise ApiException(http_resp=RESTResponse(response, data))
-        return data.decode("utf-8", errors="replace")
+                error = ApiException(status=response.status, reason=response.reason)
+                error.body = text  # type: ignore[assignment]  # what callers read (api_error)
+                raise error
+        return text
 
-    async def list(
+    async def list_kind(
         self,
         resource: str,
         namespaces: Iterable[str] | None = None,
@@ -129,11 +132,13 @@ class KubeReader:
             self.log.errors.append(f"{resource}: only the first {self.list_limit} per namespace were read")
         return [item for answer in answers for item in answer.get("items") or []]
 
-    async def optional_list(self, resource: str, namespaces: Iterable[str] | None = None, **kwargs: Any) -> list[Obj]:
-        """:meth:`list`, with a failure (403 to a namespaced Role, 404 on an old cluster) noted
+    async def optional_kind(
+        self, resource: str, namespaces: Iterable[str] | None = None, **kwargs: Any
+    ) -> list[Obj]:
+        """:meth:`list_kind`, with a failure (403 to a namespaced Role, 404 on an old cluster) noted
         instead of raised."""
         try:
-            return await self.list(resource, namespaces, **kwargs)
+            return await self.list_kind(resource, namespaces, **kwargs)
         except ApiException as exc:
             self.log.errors.append(f"{resource}: {api_error(exc)}")
             return []

@@ -263,7 +263,7 @@ class KubernetesSnapshotServer:
         )
         if pod is None:
             return web.json_response(status_object(404, "NotFound", f'pods "{name}" not found'), status=404)
-        containers = [c["name"] for c in pod["spec"]["containers"]]
+        containers = [c["name"] for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]]
         container = request.query.get("container")
         if container is None:
             if len(containers) != 1:
@@ -277,7 +277,11 @@ class KubernetesSnapshotServer:
         previous = request.query.get("previous", "false").lower() == "true"
         key = (ns, name, container, previous)
         if key not in self.logs:
-            statuses = {s["name"]: s for s in pod.get("status", {}).get("containerStatuses", [])}
+            status = pod.get("status", {})
+            statuses = {
+                s["name"]: s
+                for s in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
+            }
             waiting = statuses.get(container, {}).get("state", {}).get("waiting")
             if previous:
                 message = f'previous terminated container "{container}" in pod "{name}" not found'

@@ -38,6 +38,7 @@ from inference.engine import (
     Engine,
     GenerationEvent,
     GenerationRequest,
+    GenerationResult,
     WrappedEngine,
 )
 from inference.scenarios import ALERT_SUMMARY, ScenarioRegistry
@@ -48,14 +49,20 @@ PLATFORM = "eval"
 
 
 class PromptTap(WrappedEngine):
-    """The configured engine, with the prompt of every request kept (the eval reads what reached it)."""
+    """The configured engine, with the prompt of every request kept (the eval reads what reached it);
+    with ``answer=False`` the engine is never asked (``--evidence-only``): every answer is empty."""
 
-    def __init__(self, inner: Engine) -> None:
+    def __init__(self, inner: Engine, *, answer: bool = True) -> None:
         super().__init__(inner)
         self.prompts: dict[str, list[ChatMessage]] = {}
+        self.answer = answer
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         self.prompts[request.request_id] = list(request.messages or [])
+        if not self.answer:
+            prompt_tokens = len(request.prompt_token_ids or [])
+            yield GenerationResult(request.request_id, "", "length", prompt_tokens, 0, 0, 0.0, 0.0, None, 0.0)
+            return
         async for event in self.inner.generate(request):
             yield event
 

@@ -283,7 +283,8 @@ def plan(
 
 
 def owner_chain(snapshot: Snapshot, pod: Obj) -> list[str]:
-    """``pod -> replicaset/x -> deployment/y`` (the ownership links of one pod)."""
+    """``pod -> replicaset/x -> deployment/y`` (the ownership links of one pod; a top owner that was
+    not listed is inferred from the names, as :meth:`Snapshot.workload_of` does)."""
     chain = [f"pod {ko.namespace(pod)}/{ko.name(pod)}"]
     ns = ko.namespace(pod)
     current: Obj | None = pod
@@ -294,6 +295,9 @@ def owner_chain(snapshot: Snapshot, pod: Obj) -> list[str]:
         kind, name = refs[0]
         chain.append(f"{kind.lower()}/{name}")
         current = snapshot.get(kind, ns, name)
+    top_kind, _, top_name = snapshot.workload_of(pod)
+    if top_kind != "Pod" and f"{top_kind.lower()}/{top_name}" not in chain:
+        chain.append(f"{top_kind.lower()}/{top_name}")
     return chain
 
 

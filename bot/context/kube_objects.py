@@ -346,12 +346,9 @@ def volume_line(volume: Mapping[str, Any]) -> str:
 
 
 def pod_details(pod: Mapping[str, Any]) -> list[str]:
-    """Owner, containers (images, resources, probes, mounts, env with secret-named values replaced),
-    volumes and annotations of ``pod``."""
+    """Containers (images, resources, probes, mounts, env with secret-named values replaced), volumes
+    and annotations of ``pod`` (its owners: :func:`bot.context.hops.owner_chain`)."""
     lines = [f"{namespace(pod)}/{name(pod)}:"]
-    owner_text = ", ".join(f"{k}/{n}" for k, n in owners(pod))
-    if owner_text:
-        lines.append(f"  owner: {owner_text}")
     lines += pod_spec_lines(spec(pod))
     for akey, value in sorted(annotations_of(pod).items()):
         if akey in _SKIPPED_ANNOTATIONS:

@@ -214,9 +214,9 @@ def _nodes(g: Gathered) -> ContextSection | None:
     return ranked_section(
         source=SOURCE,
         title=f"Nodes: {len(nodes)} total, {ready} Ready, {with_problems} with problems"
-        + (" (theirs first, with their other pods)" if asked else ""),
+        + (" (theirs first, with the pods beside them)" if asked else ""),
         lines=lines or [("all nodes Ready, no pressure", CONTEXT)],
-        priority=12 if asked else 40,
+        priority=22 if asked else 40,
         unit="more node lines",
     )
 
@@ -237,7 +237,7 @@ def _storage(g: Gathered) -> ContextSection | None:
         source=SOURCE,
         title="Volumes (PVC, PV, StorageClass)",
         lines=lines,
-        priority=13,
+        priority=24,
         unit="more volume lines",
     )
 
@@ -277,7 +277,7 @@ def _dependencies(g: Gathered) -> ContextSection | None:
         source=SOURCE,
         title="Dependencies (from env, error lines and log mentions)",
         lines=lines,
-        priority=14,
+        priority=18,
         unit="more dependency lines",
     )
 
@@ -294,13 +294,15 @@ def _focus_refs(g: Gathered) -> list[Ref]:
 def _workloads(g: Gathered) -> ContextSection | None:
     lines: _Lines = []
     refs = [] if g.overview else _focus_refs(g)
+    # A rollout is a likely cause when the pods in question are broken (or the question is a review).
+    suspect = g.change_review or any(ko.pod_problems(p) for p in g.top)
     for ref in refs:
-        lines += _workload_lines(g.snapshot, ref, DECISIVE)
+        lines += _workload_lines(g.snapshot, ref, DECISIVE, suspect=suspect)
     if g.overview or g.change_review or not refs:
         # With nothing in question: the workloads that are not healthy.
         for dep in g.snapshot.deployments:
             if not ko.deployment_healthy(dep) and ("Deployment", *ko.key(dep)) not in refs:
-                lines += _workload_lines(g.snapshot, ("Deployment", *ko.key(dep)), ERROR)
+                lines += _workload_lines(g.snapshot, ("Deployment", *ko.key(dep)), ERROR, suspect=True)
         for sts in g.snapshot.statefulsets:
             if not ko.statefulset_healthy(sts) and ("StatefulSet", *ko.key(sts)) not in refs:
                 lines.append((ko.statefulset_line(sts), ERROR))
@@ -314,29 +316,32 @@ def _workloads(g: Gathered) -> ContextSection | None:
         return None
     return ranked_section(
         source=SOURCE,
-        title="Deployments and StatefulSets: rollout, revisions (newest first), changes, autoscalers, jobs",
+        title="Workloads: rollout, revisions (newest first), what changed, autoscalers, jobs",
         lines=lines,
-        priority=5 if g.change_review else 15,
+        priority=5 if g.change_review else 28,
         unit="more workload lines",
     )
 
 
-def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int) -> _Lines:
+def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -> _Lines:
+    """A workload's status, revisions (with the change cause and what the pod template changed),
+    autoscalers and jobs; the history of a healthy, unsuspected Deployment is context only."""
     kind, ns, name = ref
     obj = snapshot.workload(ref)
     lines: _Lines = []
+    # The status line answers "is it ok?"; the history matters when the rollout may be the cause.
+    unhealthy = obj is not None and kind == "Deployment" and not ko.deployment_healthy(obj)
+    history = rank if suspect or unhealthy else CONTEXT
     if kind == "Deployment" and obj is not None:
         lines.append((ko.deployment_line(obj), rank))
         revisions = snapshot.revisions(obj)[:_MAX_REVISIONS]
         for i, rs in enumerate(revisions):
-            lines.append(("  " + ko.replicaset_line(rs), rank if i < 2 else CONTEXT))
+            lines.append(("  " + ko.replicaset_line(rs), history if i == 0 else min(FILLER, history + 1)))
         if len(revisions) >= 2:
             current, previous = revisions[0], revisions[1]
             changes = ko.template_diff(ko.spec(current).get("template"), ko.spec(previous).get("template"))
             what = f"  changes from revision {ko.revision(previous)} to {ko.revision(current)}"
-            lines.append(
-                (f"{what}: " + ("; ".join(changes) if changes else "none in the pod template"), rank)
-            )
+            lines.append((f"{what}: " + ("; ".join(changes) or "none in the pod template"), history))
     elif kind == "StatefulSet" and obj is not None:
         lines.append((ko.statefulset_line(obj), rank))
     elif kind == "DaemonSet" and obj is not None:
@@ -368,7 +373,7 @@ def _configs(g: Gathered) -> ContextSection | None:
         source=SOURCE,
         title="ConfigMap and Secret references (names and keys only)",
         lines=lines,
-        priority=16,
+        priority=30,
         unit="more references",
     )
 
@@ -414,7 +419,7 @@ def _events(g: Gathered) -> ContextSection | None:
         source=SOURCE,
         title=f"Warning events in {_scope_text(g)} (oldest first)",
         lines=[(ko.event_line(e), rank) for e, rank in ranked],
-        priority=20,
+        priority=26,
         unit="older events",
         drop_from="start",
     )
@@ -434,18 +439,17 @@ def _details(g: Gathered) -> ContextSection | None:
     lines: _Lines = []
     for i, pod in enumerate(chosen[:_MAX_DETAILS]):
         base = DECISIVE if i == 0 else ERROR
-        for line in ko.pod_details(pod):
-            lines.append((line, _detail_rank(line, base)))
+        header, *rest = ko.pod_details(pod)
+        lines.append((header, base))  # the pod's name: kept with its container lines (also rank ``base``)
         chain = hops.owner_chain(g.snapshot, pod)
         if len(chain) > 1:
-            lines.insert(
-                len(lines) - len(ko.pod_details(pod)) + 1, ("  owned by: " + " -> ".join(chain[1:]), ERROR)
-            )
+            lines.append(("  owned by: " + " -> ".join(chain[1:]), ERROR))
+        lines += [(line, _detail_rank(line, base)) for line in rest]
     return ranked_section(
         source=SOURCE,
         title="Pod details (images, resources, probes, volumes, env)",
         lines=lines,
-        priority=25,
+        priority=32,
         unit="pod detail lines",
     )
 
@@ -456,6 +460,8 @@ def _detail_rank(line: str, base: int) -> int:
         return base
     if text.startswith("annotation "):
         return FILLER
+    if text.startswith(("container ", "init container ")):
+        return base  # image, requests and limits: an OOM or a throttled pod is explained here
     if text.startswith("env "):
         value = text.split("=", 1)[-1]
         telling = "://" in value or ".svc" in value or value.startswith("<from")
@@ -500,7 +506,7 @@ def _log_sections(g: Gathered, streams: Sequence[LogStream], *, hop: bool) -> li
                 source=SOURCE,
                 title=f"Log of {where} ({which}{folded}{same})",
                 lines=[(ln.text, min(FILLER, ln.rank + shift)) for ln in kept],
-                priority=(34 if hop else 30 if previous else 32),
+                priority=(20 if hop else 14 if previous else 16),
                 unit=f"log lines of {where}",
                 drop_from="start",
             )

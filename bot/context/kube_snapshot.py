@@ -42,6 +42,7 @@ class Snapshot:
     _by_kind: dict[str, dict[tuple[str, str], Obj]] = field(default_factory=dict, init=False)
     _pods_by_owner: dict[Ref, list[Obj]] = field(default_factory=dict, init=False)
     _pods_by_node: dict[str, list[Obj]] = field(default_factory=dict, init=False)
+    _pods_by_namespace: dict[str, list[Obj]] = field(default_factory=dict, init=False)
 
     def index(self) -> Snapshot:
         """Build the indexes (call once the lists are filled); returns ``self``."""
@@ -62,7 +63,9 @@ class Snapshot:
         self._by_kind["Node"] = {("", ko.name(n)): n for n in self.nodes}
         self._pods_by_owner = {}
         self._pods_by_node = {}
+        self._pods_by_namespace = {}
         for pod in self.pods:
+            self._pods_by_namespace.setdefault(ko.namespace(pod), []).append(pod)
             self._pods_by_owner.setdefault(self.workload_of(pod), []).append(pod)
             node = ko.spec(pod).get("nodeName")
             if node:
@@ -106,6 +109,10 @@ class Snapshot:
         """Pods whose owner chain ends at ``ref``."""
         return list(self._pods_by_owner.get(ref, []))
 
+    def pods_in(self, namespace: str) -> list[Obj]:
+        """Pods of ``namespace``."""
+        return list(self._pods_by_namespace.get(namespace, []))
+
     def pods_on(self, node: str) -> list[Obj]:
         """Pods placed on ``node``."""
         return list(self._pods_by_node.get(node, []))
@@ -140,10 +147,12 @@ class Snapshot:
     def services_of(self, pods: Iterable[Obj]) -> list[Obj]:
         """Services selecting any of ``pods``."""
         chosen = list(pods)
+        spaces = {ko.namespace(p) for p in chosen}
         return [
             svc
             for svc in self.services
-            if any(
+            if ko.namespace(svc) in spaces
+            and any(
                 ko.namespace(p) == ko.namespace(svc) and ko.selects(ko.spec(svc).get("selector"), p)
                 for p in chosen
             )
@@ -154,14 +163,14 @@ class Snapshot:
         ns = ko.namespace(service)
         selector = ko.spec(service).get("selector")
         if selector:
-            return [p for p in self.pods if ko.namespace(p) == ns and ko.selects(selector, p)]
+            return [p for p in self.pods_in(ns) if ko.selects(selector, p)]
         names = {
             (e.get("targetRef") or {}).get("name")
             for s in self.endpointslices
             if ko.namespace(s) == ns and ko.labels(s).get("kubernetes.io/service-name") == ko.name(service)
             for e in s.get("endpoints") or []
         }
-        return [p for p in self.pods if ko.namespace(p) == ns and ko.name(p) in names]
+        return [p for p in self.pods_in(ns) if ko.name(p) in names]
 
     def endpoints(self, service: Obj) -> tuple[int, int]:
         """(ready, total) endpoints of a Service, from its EndpointSlices (or its pods' readiness

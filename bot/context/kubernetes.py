@@ -45,7 +45,7 @@ from bot.context.base import (
 from bot.context.kube_objects import Obj
 from bot.context.kube_read import KubeReader, api_error
 from bot.context.kube_snapshot import Snapshot
-from bot.context.logsig import Line, condense
+from bot.context.logsig import CONTEXT, DECISIVE, ERROR, Line, condense
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class LogStream:
     lines: list[Line] = field(default_factory=list)
     read: int = 0
     """Lines read before condensing."""
+    ending: int = CONTEXT
+    """Rank of the log's last lines (see :func:`bot.context.logsig.condense`)."""
 
 
 class KubernetesProvider(ContextProvider):
@@ -246,7 +248,7 @@ class _Gathering:
                 if ran and not (errors_only and finished_ok):
                     wanted.append(LogStream(pod, str(cs.get("name")), False))
                 if last.get("terminated") or int(cs.get("restartCount") or 0):
-                    wanted.append(LogStream(pod, str(cs.get("name")), True))
+                    wanted.append(LogStream(pod, str(cs.get("name")), True, ending=_ending(last)))
         texts = await asyncio.gather(
             *(
                 self.reader.log_text(
@@ -264,7 +266,7 @@ class _Gathering:
         )
         for stream, text in zip(wanted, texts, strict=False):
             stream.read = len(text.splitlines())
-            stream.lines = condense(text)
+            stream.lines = condense(text, stream.ending)
         return [s for s in wanted if s.lines]
 
     async def _storage(self, snapshot: Snapshot, pods: Sequence[Obj]) -> list[Obj]:
@@ -285,6 +287,17 @@ class _Gathering:
                 calls.append(self.reader.get("storageclasses", None, str(storage_class)))
         found = await asyncio.gather(*calls)
         return [o for o in found if o is not None]
+
+
+def _ending(last_state: dict[str, object]) -> int:
+    """How telling the end of a previous container's log is: what it did before an OOM kill is
+    decisive, before another abnormal exit an error."""
+    terminated = last_state.get("terminated")
+    if not isinstance(terminated, dict):
+        return CONTEXT
+    if terminated.get("reason") == "OOMKilled":
+        return DECISIVE
+    return ERROR if terminated.get("exitCode") else CONTEXT
 
 
 def _top_pods(snapshot: Snapshot, focus: matching.Focus) -> list[Obj]:

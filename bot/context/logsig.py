@@ -7,7 +7,8 @@ A log is read whole (up to the provider's limit) and every line gets a rank, 0 t
    frames; OOM and kill lines; TLS, DNS and connection errors; FATAL / PANIC / CRITICAL lines
 1. other error lines (and the lines that continue them: ``DETAIL:``, indented text), readiness and
    liveness complaints
-2. warnings, the last lines of the log (how it ended), the first frames of a stack
+2. warnings, the last lines of the log (how it ended; decisive before an OOM kill, an error line
+   before another abnormal exit), the first frames of a stack
 3. everything else: info lines, the rest of a stack, other goroutines
 
 Repeated lines are folded first: lines equal but for their numbers, times and ids are one line,
@@ -78,7 +79,7 @@ def shape(line: str) -> str:
     return _VOLATILE.sub("#", _STAMP.sub("", line)).strip()
 
 
-def _rank_lines(lines: Sequence[str]) -> list[int]:
+def _rank_lines(lines: Sequence[str], ending: int = CONTEXT) -> list[int]:
     """A rank per line (see the module doc), from the blocks the lines form."""
     ranks = [FILLER] * len(lines)
     first_exception_seen = False
@@ -120,7 +121,7 @@ def _rank_lines(lines: Sequence[str]) -> list[int]:
             ranks[i] = ranks[i - 1]
     _rank_tracebacks(lines, ranks)
     for i in range(max(0, len(lines) - _TAIL_LINES), len(lines)):
-        ranks[i] = min(ranks[i], CONTEXT)
+        ranks[i] = min(ranks[i], ending)
     return ranks
 
 
@@ -157,10 +158,11 @@ def _rank_tracebacks(lines: Sequence[str], ranks: list[int]) -> None:
             i += 1
 
 
-def condense(text: str) -> list[Line]:
-    """The lines of a log with their ranks, repeats folded into their first occurrence."""
+def condense(text: str, ending: int = CONTEXT) -> list[Line]:
+    """The lines of a log with their ranks, repeats folded into their first occurrence; its last
+    lines rank at least ``ending`` (what a container did before it was OOMKilled is decisive)."""
     lines = text.splitlines()
-    ranks = _rank_lines(lines)
+    ranks = _rank_lines(lines, ending)
     first: dict[str, int] = {}
     counts: dict[str, int] = {}
     last_stamp: dict[str, str] = {}

@@ -124,13 +124,14 @@ def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focu
     ns_scores: dict[str, float] = {n: 1.0 for n in entities.namespaces if n in snapshot.namespaces}
     for term, weight, _ in terms:
         for ns in snapshot.namespaces:
-            score = closeness(term, ns) * weight
+            raw = closeness(term, ns)
+            score = raw * weight
             # A whole name, or a typo of one; never a part of a hyphenated one ("system").
             plausible = score >= 0.9 or (score >= 0.7 and "-" not in ns)
             if plausible and score > ns_scores.get(ns, 0.0):
                 ns_scores[ns] = score
                 if term != ns:
-                    focus.matches.append(Match(f"namespace {ns}", term, score))
+                    focus.matches.append(Match(f"namespace {ns}", term, raw))
     focus.namespaces = sorted(ns_scores, key=lambda n: -ns_scores[n])
     named_ns = set(entities.namespaces) & set(snapshot.namespaces)
     # Nodes: named, or a short name of one.
@@ -143,7 +144,7 @@ def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focu
                 if term != node or term not in entities.nodes:
                     focus.matches.append(Match(f"node {node}", term, score))
     # Workloads: by name, by their pods' app labels, by the Services that select them.
-    workload_scores: dict[Ref, tuple[float, str]] = {}
+    workload_scores: dict[Ref, tuple[float, str, float]] = {}
     if terms:
         services_by_ref: dict[Ref, list[str]] = {}
         for svc in snapshot.services:
@@ -157,17 +158,18 @@ def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focu
                 label_values |= {ko.labels(wl).get(k, "") for k in _APP_LABELS}
             candidates = {ref[2], *label_values, *services_by_ref.get(ref, [])}
             for term, weight, _ in terms:
-                score = _best(term, candidates) * weight
+                raw = _best(term, candidates)
+                score = raw * weight
                 if named_ns and ref[1] not in named_ns:
                     score *= _OUTSIDE_NAMED_NAMESPACE
-                if score > workload_scores.get(ref, (0.0, ""))[0]:
-                    workload_scores[ref] = (score, term)
+                if score > workload_scores.get(ref, (0.0, "", 0.0))[0]:
+                    workload_scores[ref] = (score, term, raw)
     ranked_refs = sorted(workload_scores, key=lambda r: -workload_scores[r][0])
     focus.workloads = [r for r in ranked_refs if workload_scores[r][0] >= 0.45]
     for ref in focus.workloads[:5]:
-        score, term = workload_scores[ref]
-        if score < 1.0 or ref[2] != term:
-            focus.matches.append(Match(f"{ref[0].lower()} {ref[1]}/{ref[2]}", term, score))
+        _, term, raw = workload_scores[ref]
+        if ref[2] != term:
+            focus.matches.append(Match(f"{ref[0].lower()} {ref[1]}/{ref[2]}", term, raw))
     # Pods: exact names (StatefulSet ordinals, bare pods), then by workload, namespace and node.
     scores: dict[tuple[str, str], float] = {}
 

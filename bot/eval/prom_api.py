@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
+_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^}]*)\}")
 _BARE_METRIC = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:[=!<>]|$)")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
@@ -71,6 +71,8 @@ def selected(promql: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
         (name, [(k, op, _unescape(v)) for k, op, v in _MATCHER.findall(body)])
         for name, body in _SELECTOR.findall(promql)
         if name not in ("by", "without", "on", "ignoring", "group_left", "group_right")
+        # A bare {...} selects by its __name__ matcher ({__name__=~"a|b", pod="x"}).
+        and (name or "__name__" in body)
     ]
     if not found:
         bare = _BARE_METRIC.match(promql)
@@ -99,7 +101,9 @@ class PrometheusSnapshotServer:
         name, matchers = selectors[0]
         out = []
         for s in self.series:
-            if s.metric != name:
+            if name and s.metric != name:
+                continue
+            if not all(_matches(op, v, s.metric) for k, op, v in matchers if k == "__name__"):
                 continue
             if all(_matches(op, v, s.labels[k]) for k, op, v in matchers if k in s.labels):
                 out.append(s)
@@ -224,7 +228,7 @@ class PrometheusSnapshotServer:
 
 def _result_labels(series: Series, promql: str) -> dict[str, str]:
     labels = dict(series.labels)
-    if "(" not in promql:  # aggregations and functions drop __name__ from results, as Prometheus does
+    if "(" not in promql.split("{", 1)[0]:  # aggregations and functions drop __name__, as Prometheus does
         labels["__name__"] = series.metric
     return labels
 

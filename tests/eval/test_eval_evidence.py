@@ -82,3 +82,27 @@ def test_the_totals_count_recall_and_each_kind_of_miss():
     assert t["gathering_misses"] == ["lost"]
     assert t["invalid_cases"] == ["wrong"]
     assert t["fact_sources"] == {"Kubernetes": 2}
+
+
+def test_every_built_in_cases_decisive_facts_reach_a_default_4096_token_prompt(
+    eval_env, smollm2_gguf, capsys, tmp_path
+):
+    """The issue-36 target, as a new user runs it: the default model's tokenizer and window, every
+    built-in case, ``--evidence-only`` (no answer is generated, so this is fast on any machine)."""
+    import json
+
+    from bot.cli import main
+    from bot.eval.cases import BUILTIN_CASES, load_cases
+
+    config = tmp_path / "engine.toml"
+    config.write_text(f'[engine]\nbackend = "llamacpp"\nmodel = "{smollm2_gguf}"\nmax_model_len = 4096\n')
+    out = tmp_path / "out"
+    code = main(["eval", "--out", str(out), "--engine-config", str(config), "--evidence-only"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    totals = report["totals"]
+    missed = {c["id"]: c["evidence"] for c in report["cases"] if not c["evidence_recalled"]}
+    assert missed == {}
+    assert totals["evidence_recall"] == {"hits": len(load_cases([BUILTIN_CASES])), "of": len(report["cases"])}
+    assert report["engine"]["evidence_only"] is True
+    assert all(c["answer"] == "" and c["output_tokens"] == 0 for c in report["cases"])

@@ -78,7 +78,7 @@ async def test_a_plain_question_gets_a_cluster_overview(k8s_settings):
         await provider.close()
     overview = _by_title(result, "Cluster overview (all namespaces): 7 pods, 5 not healthy")
     assert overview.body.splitlines()[0].startswith("payments: 3 pods")
-    workloads = _by_title(result, "Deployments and StatefulSets")
+    workloads = _by_title(result, "Workloads: rollout")
     assert "deployment payments/api" in workloads.body and "statefulset web/cache" in workloads.body
     assert "deployment payments/worker" not in workloads.body  # healthy ones are not listed
 
@@ -90,7 +90,7 @@ async def test_change_review_lists_rollout_status_and_recent_revisions_first(k8s
     finally:
         await provider.close()
     workloads = min(result.sections, key=lambda s: s.priority)
-    assert workloads.title.startswith("Deployments and StatefulSets")
+    assert workloads.title.startswith("Workloads: rollout")
     lines = workloads.body.splitlines()
     assert "ProgressDeadlineExceeded" in lines[0] and "rollout NOT complete" in lines[0]
     assert "revision 7" in lines[1] and "change-cause: deploy api 2.4.1" in lines[1]

@@ -230,7 +230,9 @@ def plan(
     seen: set[tuple[str, ...]] = set()
 
     def depend(service: Obj | None, dep_pods: list[Obj], why: str) -> None:
-        dep_pods = [p for p in dep_pods if ko.key(p) not in own]
+        # A Service's health counts all its pods, those in question too (their logs are read anyway).
+        if service is None:
+            dep_pods = [p for p in dep_pods if ko.key(p) not in own]
         key = (
             ("svc", *ko.key(service))
             if service is not None

@@ -490,10 +490,11 @@ def _log_sections(g: Gathered, streams: Sequence[LogStream], *, hop: bool) -> li
         kept = stream.lines
         shift = 0
         if hop:
+            # What the dependency, DNS pod or neighbour says is wrong; a Ready CoreDNS that cannot
+            # list EndpointSlices answers NXDOMAIN all the same: its errors keep their rank.
             why = _hop_reason(g, stream.pod)
             healthy = not ko.pod_problems(stream.pod)
             kept = [ln for ln in kept if ln.rank <= (CONTEXT if not healthy or "neighbour" in why else ERROR)]
-            shift = 1 if healthy else 0
             same += f"; {why}"
         elif first_ref is not None and ref != first_ref:
             shift = 1

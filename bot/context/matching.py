@@ -71,12 +71,8 @@ class Match:
 
     def describe(self) -> str:
         """``'chekout' -> deployment storefront/checkout (closest name)``."""
-        how = (
-            "same name" if self.score >= 1.0 else "part of the name" if self.score >= 0.6 else "closest name"
-        )
-        if self.score == 0.95:
-            how = "short name"
-        return f"'{self.term}' -> {self.what} ({how})"
+        how = {1.0: "same name", 0.95: "short name", 0.8: "part of the name", 0.6: "part of the name"}
+        return f"'{self.term}' -> {self.what} ({how.get(self.score, 'closest name')})"
 
 
 @dataclass(slots=True)

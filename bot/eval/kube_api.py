@@ -10,8 +10,8 @@ Routes (GET only; anything else is 405, as for a read-only service account): the
 persistentvolumes), ``/apis/apps/v1`` (deployments, statefulsets, replicasets, daemonsets),
 ``/apis/discovery.k8s.io/v1/endpointslices``, ``/apis/storage.k8s.io/v1/storageclasses``,
 ``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}``, each also in
-its namespaced form unless cluster-scoped; ``/api/v1/namespaces/{ns}/pods/{name}`` and its ``/log``
-(``container``, ``previous``, ``tailLines``). EndpointSlices follow the pods a Service selects, as
+its namespaced form unless cluster-scoped, and each object by name (``.../{name}``); a pod's
+``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices follow the pods a Service selects, as
 the controller keeps them. Secrets are served with planted values (``SECRET-VALUE-<key>``) so a test
 can prove none reaches a prompt. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists,
 !exists) and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
@@ -136,9 +136,14 @@ class KubernetesSnapshotServer:
         app.router.add_get("/api/v1/namespaces", self._list_namespaces)
         for prefix, plural in _ROUTES:
             handler = functools.partial(self._list_kind, prefix, plural)
+            one = functools.partial(self._get_kind, prefix, plural)
             app.router.add_get(f"{prefix}/{plural}", handler)
-            if plural not in _CLUSTER_SCOPED:
+            if plural in _CLUSTER_SCOPED:
+                app.router.add_get(f"{prefix}/{plural}/{{name}}", one)
+            else:
                 app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}", handler)
+                if plural != "pods":
+                    app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}/{{name}}", one)
         return app
 
     async def start(self) -> str:
@@ -298,6 +303,16 @@ class KubernetesSnapshotServer:
         if tail is not None:
             lines = lines[-int(tail) :] if int(tail) > 0 else []
         return web.Response(text="".join(lines), content_type="text/plain")
+
+    async def _get_kind(self, prefix: str, plural: str, request: web.Request) -> web.Response:
+        kind, api_version = _KINDS[plural], prefix.removeprefix("/apis/").removeprefix("/api/")
+        ns, name = request.match_info.get("ns"), request.match_info["name"]
+        for item in self.items(plural):
+            meta = item["metadata"]
+            if meta["name"] == name and (ns is None or meta.get("namespace") == ns):
+                return web.json_response({"kind": kind, "apiVersion": api_version, **item})
+        message = f'{plural} "{name}" not found'
+        return web.json_response(status_object(404, "NotFound", message), status=404)
 
     async def _list_namespaces(self, request: web.Request) -> web.Response:
         names = self.namespaces or sorted({p["metadata"]["namespace"] for p in self.pods})

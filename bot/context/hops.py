@@ -52,22 +52,13 @@ _MAX_NEIGHBOURS = 8
 
 @dataclass(slots=True)
 class Dependency:
-    """An in-cluster Service (or one pod of it) the pods in question use, and how we know."""
+    """An in-cluster Service (or a workload, or one pod) the pods in question use, and how we know."""
 
     service: Obj | None
     pods: list[Obj]
     why: str
-
-    @property
-    def label(self) -> str:
-        """``service data/orders-db`` or ``pod messaging/kafka-1``."""
-        if self.service is not None:
-            return f"service {ko.namespace(self.service)}/{ko.name(self.service)}"
-        pod = self.pods[0]
-        owners = ko.owners(pod)
-        if owners and owners[0][0] == "Job":
-            return f"job {ko.namespace(pod)}/{owners[0][1]} (pod {ko.name(pod)})"
-        return f"pod {ko.namespace(pod)}/{ko.name(pod)}"
+    label: str = ""
+    """``service data/orders-db``, ``statefulset data/orders-db``, ``pod messaging/kafka-1``."""
 
     def broken(self) -> list[Obj]:
         """Its pods that are not healthy, most broken first."""
@@ -141,6 +132,12 @@ def resolve_host(host: str, namespace: str, snapshot: Snapshot) -> tuple[Obj | N
     for pod_name, svc_name, ns in candidates:
         found = snapshot.get("Service", ns, svc_name)
         if found is None:
+            # No such Service listed (or none may be): the workload, app label or pod of that name.
+            named = _named_pods(snapshot, ns, svc_name)
+            if pod_name:
+                named = [p for p in named if ko.name(p) == pod_name] or _named_pods(snapshot, ns, pod_name)
+            if named:
+                return None, named
             continue
         svc = found
         pods = snapshot.selected_pods(svc)
@@ -151,23 +148,44 @@ def resolve_host(host: str, namespace: str, snapshot: Snapshot) -> tuple[Obj | N
     return None, []
 
 
-def _mentions(lines: Iterable[Line], namespace: str, snapshot: Snapshot, own: set[str]) -> list[Obj]:
-    """Pods of Jobs, workloads and pods of ``namespace`` that the log lines name (whole words)."""
+def _named_pods(snapshot: Snapshot, namespace: str, name: str) -> list[Obj]:
+    """Pods of the workload ``name`` in ``namespace``, else with that app label, else the pod itself."""
+    for ref in snapshot.workloads():
+        if ref[1] == namespace and ref[2] == name and ref[0] != "Pod":
+            return snapshot.pods_of(ref)
+    labelled = [
+        p
+        for p in snapshot.pods_in(namespace)
+        if name in (ko.labels(p).get(k) for k in ("app", "app.kubernetes.io/name"))
+    ]
+    return labelled or [p for p in snapshot.pods_in(namespace) if ko.name(p) == name]
+
+
+def _label(snapshot: Snapshot, service: Obj | None, pods: Sequence[Obj]) -> str:
+    """What a dependency is called: its Service, else the workload of its pods, else its pod."""
+    if service is not None:
+        return f"service {ko.namespace(service)}/{ko.name(service)}"
+    refs = {snapshot.workload_of(p) for p in pods}
+    kind, ns, name = next(iter(refs)) if len(refs) == 1 else ("Pod", ko.namespace(pods[0]), ko.name(pods[0]))
+    single = f" (pod {ko.name(pods[0])})" if len(pods) == 1 and kind != "Pod" else ""
+    return f"{kind.lower()} {ns}/{name}{single}"
+
+
+def _mentions(lines: Iterable[Line], namespace: str, snapshot: Snapshot, own: set[Ref]) -> list[Obj]:
+    """Pods of ``namespace`` whose name, owner (a Job, a ReplicaSet) or workload the log lines name
+    (whole words), outside the workloads ``own`` ("waiting for migration job orders-migrate-42")."""
     text = "\n".join(line.text for line in lines)
     if not text:
         return []
     found: list[Obj] = []
-    for job in snapshot.jobs:
-        if ko.namespace(job) == namespace and ko.name(job) not in own and _named(ko.name(job), text):
-            found += [
-                p
-                for p in snapshot.pods
-                if ko.namespace(p) == namespace and ("Job", ko.name(job)) in ko.owners(p)
-            ]
-    for pod in snapshot.pods:
-        if ko.namespace(pod) == namespace and ko.name(pod) not in own and _named(ko.name(pod), text):
+    for pod in snapshot.pods_in(namespace):
+        ref = snapshot.workload_of(pod)
+        if ref in own:
+            continue
+        names = {ko.name(pod), ref[2], *(name for _, name in ko.owners(pod))}
+        if any(_named(name, text) for name in names):
             found.append(pod)
-    return ko.unique(found)
+    return found
 
 
 def _named(name: str, text: str) -> bool:
@@ -241,7 +259,7 @@ def plan(
         if (service is None and not dep_pods) or key in seen:
             return
         seen.add(key)
-        out.dependencies.append(Dependency(service, dep_pods, why))
+        out.dependencies.append(Dependency(service, dep_pods, why, _label(snapshot, service, dep_pods)))
 
     for pod in pods:
         ns = ko.namespace(pod)
@@ -254,13 +272,10 @@ def plan(
             svc, dep_pods = resolve_host(host, ns, snapshot)
             if svc is not None or dep_pods:
                 depend(svc, dep_pods, f"the log of {ko.name(pod)} names {host}")
-        mentioned = _mentions(lines, ns, snapshot, {ko.name(p) for p in pods})
-        for dep in mentioned:
-            depend(
-                None,
-                [dep],
-                f"the log of {ko.name(pod)} names {(ko.owners(dep) or [('', ko.name(dep))])[0][1]}",
-            )
+        mentioned = _mentions(lines, ns, snapshot, set(workload_refs(snapshot, pods)))
+        for ref in workload_refs(snapshot, mentioned):
+            group = [p for p in mentioned if snapshot.workload_of(p) == ref]
+            depend(None, group, f"the log of {ko.name(pod)} names {ref[2]}")
         if not out.dns_reason:
             failure = next((ln.text for ln in lines if _DNS_FAILURE.search(ln.text)), None)
             if failure:

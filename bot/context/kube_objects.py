@@ -240,6 +240,12 @@ def pod_line(pod: Mapping[str, Any]) -> str:
     if problems:
         parts.append("problems: " + "; ".join(problems))
     for cs in container_statuses(pod):
+        done = _state(cs, "state").get("terminated") or {}
+        if done:
+            parts.append(
+                f"{cs.get('name')} terminated {done.get('reason') or '?'} exit code {done.get('exitCode')} "
+                f"at {ts(done.get('finishedAt'))}"
+            )
         last = _state(cs, "last").get("terminated") or {}
         if last:
             parts.append(

@@ -136,8 +136,15 @@ def _pods(g: Gathered) -> ContextSection | None:
         add(pod, DECISIVE)
     if not g.overview:
         for pod in g.focus.pods:
-            if ko.pod_problems(pod) or g.focus.score(pod) >= 0.7:
-                add(pod, ERROR if g.focus.score(pod) >= 0.7 else CONTEXT)
+            close = g.focus.score(pod) >= 0.7
+            add(
+                pod,
+                ERROR
+                if close and ko.pod_problems(pod)
+                else CONTEXT
+                if close or ko.pod_problems(pod)
+                else FILLER,
+            )
     near = {ko.namespace(p) for p in g.top}
     for rank_index, pod in enumerate(
         sorted((p for p in g.snapshot.pods if ko.pod_problems(p)), key=_broken_first)
@@ -386,6 +393,10 @@ def _related_names(g: Gathered) -> tuple[set[str], set[str], set[str]]:
     for ref in hops.workload_refs(g.snapshot, g.top):
         related.add(ref[2])
         related |= {owner for p in g.snapshot.pods_of(ref) for _, owner in ko.owners(p)}
+        # A new revision that cannot create its pods (a quota, an admission webhook) has events, no pods.
+        workload = g.snapshot.workload(ref)
+        if workload is not None and ref[0] == "Deployment":
+            related |= {ko.name(rs) for rs in g.snapshot.revisions(workload)[:2]}
     related |= {ko.spec(p).get("nodeName") or "" for p in g.top}
     for dep in g.plan.dependencies:
         related |= {ko.name(p) for p in dep.pods}

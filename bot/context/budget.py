@@ -1,7 +1,8 @@
 """Fit gathered context into the prompt's token budget, the decisive lines first.
 
 First, repeats are folded: a line repeated in a row within a section becomes one line with
-``[xN]``, and sections of one source with the same body become one (its title names the others).
+``[xN]``, sections of one source with the same body become one (its title names the others), and a
+line two sections of one source both hold stays only where it ranks best.
 Then, when everything does not fit, lines are chosen by rank across all sections: every rank-0
 line of every section (most relevant section first) before any rank-1 line, and so on
 (:attr:`ContextSection.ranks`; a section without ranks gives all its lines ``rank``). Within a rank,
@@ -47,17 +48,45 @@ class _Unit:
 
 
 def fold(sections: list[ContextSection]) -> list[ContextSection]:
-    """Repeats folded before anything is cut (see the module doc)."""
+    """Repeats folded before anything is cut (see the module doc): sections of one source with the
+    same body become one (the more relevant place and rank of each line); a line that two sections of
+    one source both hold stays only where it ranks best."""
     out: list[ContextSection] = []
     by_body: dict[tuple[str, str], int] = {}
     for section in sections:
         key = (section.source, section.body)
         if section.body and key in by_body:
             first = out[by_body[key]]
-            out[by_body[key]] = replace(first, title=f"{first.title}; same as {section.title}")
+            ranks = tuple(min(a, b) for a, b in zip(first.line_ranks(), section.line_ranks(), strict=True))
+            out[by_body[key]] = replace(
+                first,
+                title=f"{first.title}; same as {section.title}",
+                priority=min(first.priority, section.priority),
+                ranks=ranks,
+            )
             continue
         by_body[key] = len(out)
         out.append(_fold_lines(section))
+    return _drop_repeated_lines(out)
+
+
+def _drop_repeated_lines(sections: list[ContextSection]) -> list[ContextSection]:
+    best: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for index, section in enumerate(sections):
+        for line, rank in zip(section.lines(), section.line_ranks(), strict=True):
+            where = (rank, section.priority, index)
+            if line.strip() and where < best.get((section.source, line), (99, 99, 99)):
+                best[(section.source, line)] = where
+    out = []
+    for index, section in enumerate(sections):
+        pairs = list(zip(section.lines(), section.line_ranks(), strict=True))
+        kept = [(ln, r) for ln, r in pairs if not ln.strip() or best[(section.source, ln)][2] == index]
+        if len(kept) == len(pairs):
+            out.append(section)
+        elif kept:
+            out.append(
+                replace(section, body="\n".join(ln for ln, _ in kept), ranks=tuple(r for _, r in kept))
+            )
     return out
 
 

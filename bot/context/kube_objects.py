@@ -38,25 +38,30 @@ _SKIPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 _MAX_MESSAGE = 300
 
 
+_EMPTY: Mapping[str, Any] = {}
+
+
 def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """``metadata`` (empty when missing)."""
-    value = obj.get("metadata")
-    return value if isinstance(value, Mapping) else {}
+    value: Mapping[str, Any] = obj.get("metadata") or _EMPTY
+    return value
 
 
+# name / namespace / key run for every object of every list, thousands of times a question: lean.
 def name(obj: Mapping[str, Any]) -> str:
     """``metadata.name``."""
-    return str(meta(obj).get("name") or "")
+    return (obj.get("metadata") or _EMPTY).get("name") or ""
 
 
 def namespace(obj: Mapping[str, Any]) -> str:
     """``metadata.namespace`` ("" for cluster-scoped objects)."""
-    return str(meta(obj).get("namespace") or "")
+    return (obj.get("metadata") or _EMPTY).get("namespace") or ""
 
 
 def key(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(namespace, name)."""
-    return namespace(obj), name(obj)
+    m = obj.get("metadata") or _EMPTY
+    return m.get("namespace") or "", m.get("name") or ""
 
 
 def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -71,7 +76,9 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 def owners(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(kind, name) of each owner reference, the controller first."""
-    refs = sorted(meta(obj).get("ownerReferences") or [], key=lambda r: not r.get("controller"))
+    refs = meta(obj).get("ownerReferences") or []
+    if len(refs) > 1:
+        refs = sorted(refs, key=lambda r: not r.get("controller"))
     return [(str(r.get("kind") or ""), str(r.get("name") or "")) for r in refs]
 
 

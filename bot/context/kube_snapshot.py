@@ -43,6 +43,7 @@ class Snapshot:
     _pods_by_owner: dict[Ref, list[Obj]] = field(default_factory=dict, init=False)
     _pods_by_node: dict[str, list[Obj]] = field(default_factory=dict, init=False)
     _pods_by_namespace: dict[str, list[Obj]] = field(default_factory=dict, init=False)
+    _revisions: dict[tuple[str, str], list[Obj]] = field(default_factory=dict, init=False)
 
     def index(self) -> Snapshot:
         """Build the indexes (call once the lists are filled); returns ``self``."""
@@ -61,6 +62,11 @@ class Snapshot:
             )
         }
         self._by_kind["Node"] = {("", ko.name(n)): n for n in self.nodes}
+        self._revisions = {}
+        for rs in self.replicasets:
+            for kind, owner in ko.owners(rs):
+                if kind == "Deployment":
+                    self._revisions.setdefault((ko.namespace(rs), owner), []).append(rs)
         self._pods_by_owner = {}
         self._pods_by_node = {}
         self._pods_by_namespace = {}
@@ -71,6 +77,18 @@ class Snapshot:
             if node:
                 self._pods_by_node.setdefault(str(node), []).append(pod)
         return self
+
+    def add_replicasets(self, replicasets: Sequence[Obj]) -> None:
+        """ReplicaSets read after the first round (only the namespaces in question need revisions)."""
+        known = self._by_kind.setdefault("ReplicaSet", {})
+        for rs in replicasets:
+            if ko.key(rs) in known:
+                continue
+            known[ko.key(rs)] = rs
+            self.replicasets.append(rs)
+            for kind, owner in ko.owners(rs):
+                if kind == "Deployment":
+                    self._revisions.setdefault((ko.namespace(rs), owner), []).append(rs)
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         """One object by kind, namespace ("" for nodes) and name."""
@@ -136,13 +154,7 @@ class Snapshot:
 
     def revisions(self, deployment: Obj) -> list[Obj]:
         """The ReplicaSets of a Deployment, newest revision first."""
-        ns, name = ko.key(deployment)
-        owned = [
-            rs
-            for rs in self.replicasets
-            if ko.namespace(rs) == ns and any(k == "Deployment" and n == name for k, n in ko.owners(rs))
-        ]
-        return sorted(owned, key=ko.revision, reverse=True)
+        return sorted(self._revisions.get(ko.key(deployment), []), key=ko.revision, reverse=True)
 
     def services_of(self, pods: Iterable[Obj]) -> list[Obj]:
         """Services selecting any of ``pods``."""

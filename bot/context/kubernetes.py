@@ -4,16 +4,17 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 1. **lists** of the scope (``kubernetes.namespaces`` narrowed by the channel's scope, else all
    namespaces, listed from the API): pods, Warning events, nodes, Deployments, StatefulSets,
-   DaemonSets, ReplicaSets, Services, EndpointSlices, Jobs, CronJobs, HPAs, PVCs
+   DaemonSets, Services, Jobs, CronJobs, HPAs, PVCs
    (:mod:`bot.context.kube_snapshot`). The question is matched against them
    (:mod:`bot.context.matching`): exact names, typos, short names, ``app`` labels, a namespace or a
    node alone; ties go to the more broken pod. With nothing matched, the most broken pods lead.
 2. **logs** of the pods in question, current and previous, every container, whether or not they
    restarted, read whole up to ``kubernetes.log_tail_lines`` and condensed by signature
-   (:mod:`bot.context.logsig`); the PersistentVolumes and StorageClasses behind their claims.
+   (:mod:`bot.context.logsig`); the PersistentVolumes and StorageClasses behind their claims; the
+   ReplicaSets (revisions) of their namespaces.
 3. **hops** (:mod:`bot.context.hops`): the logs of what they depend on (env hosts, hosts and IPs in
-   their error lines, names their logs mention), of the cluster DNS pods after a DNS failure, and of
-   the neighbours on their node that could starve it.
+   their error lines, names their logs mention) and those Services' EndpointSlices, of the cluster
+   DNS pods after a DNS failure, and of the neighbours on their node that could starve it.
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
@@ -185,9 +186,7 @@ class _Gathering:
             "deployments": optional("deployments", spaces, **selector),
             "statefulsets": optional("statefulsets", spaces, **selector),
             "daemonsets": optional("daemonsets", spaces, **selector),
-            "replicasets": optional("replicasets", spaces),
             "services": optional("services", spaces),
-            "endpointslices": optional("endpointslices", spaces),
             "jobs": optional("jobs", spaces),
             "cronjobs": optional("cronjobs", spaces),
             "hpas": optional("horizontalpodautoscalers", spaces),
@@ -211,10 +210,21 @@ class _Gathering:
         if overview:
             # Nothing in question: the most broken pods lead, never the first in API order.
             top = _top_pods(snapshot, matching.Focus(pods=matching.by_severity(snapshot.pods)))[:3]
-        streams, storage = await asyncio.gather(self._logs(top), self._storage(snapshot, top))
+        # Revisions only where they are read: the namespaces of the pods in question.
+        spaces = sorted({ko.namespace(p) for p in top})
+        streams, storage, replicasets = await asyncio.gather(
+            self._logs(top),
+            self._storage(snapshot, top),
+            self.reader.optional_kind("replicasets", spaces) if spaces else _nothing(),
+        )
+        snapshot.add_replicasets(replicasets)
         logs = _by_pod(streams)
         plan = hops.plan(snapshot, top, logs, question=self.request.question)
-        hop_streams = await self._logs(_hop_pods(plan, {ko.key(p) for p in top}), errors_only=True)
+        hop_streams, slices = await asyncio.gather(
+            self._logs(_hop_pods(plan, {ko.key(p) for p in top}), errors_only=True),
+            self._endpoint_slices(plan),
+        )
+        snapshot.endpointslices = slices
         sections = kube_sections.build(
             kube_sections.Gathered(
                 snapshot=snapshot,
@@ -269,6 +279,17 @@ class _Gathering:
             stream.lines = condense(text, stream.ending)
         return [s for s in wanted if s.lines]
 
+    async def _endpoint_slices(self, plan: hops.Plan) -> list[Obj]:
+        """The EndpointSlices of the Services the pods in question depend on (one call each)."""
+        services = [d.service for d in plan.dependencies if d.service is not None]
+        calls = [
+            self.reader.optional_kind(
+                "endpointslices", [ko.namespace(s)], label_selector=f"kubernetes.io/service-name={ko.name(s)}"
+            )
+            for s in services
+        ]
+        return [item for found in await asyncio.gather(*calls) for item in found]
+
     async def _storage(self, snapshot: Snapshot, pods: Sequence[Obj]) -> list[Obj]:
         """The PersistentVolumes and StorageClasses behind the claims of ``pods``."""
         claims = [
@@ -287,6 +308,10 @@ class _Gathering:
                 calls.append(self.reader.get("storageclasses", None, str(storage_class)))
         found = await asyncio.gather(*calls)
         return [o for o in found if o is not None]
+
+
+async def _nothing() -> list[Obj]:
+    return []
 
 
 def _ending(last_state: dict[str, object]) -> int:

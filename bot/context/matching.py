@@ -19,6 +19,7 @@ not ready, restarts. Nothing here calls the API.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -37,6 +38,7 @@ _WORD_WEIGHT = 0.9
 """A plain word is likelier to name nothing than a hyphenated name or a kind-tagged one."""
 
 
+@functools.lru_cache(maxsize=65536)
 def closeness(term: str, name: str) -> float:
     """How close ``name`` (a cluster object's) is to ``term`` (typed), 0 to 1 (see the module doc)."""
     term, name = term.lower(), name.lower()
@@ -52,12 +54,20 @@ def closeness(term: str, name: str) -> float:
             return 0.8 if len(term) > 3 else 0.6 if len(term) == 3 else 0.0
     if len(term) < 5:
         return 0.0
-    best = SequenceMatcher(None, term, name).ratio()
+    best = _similarity(term, name)
     # A typo of one part: "chekout" for the "checkout" of "checkout-api".
     for i in range(len(parts) - len(wanted) + 1):
         piece = "-".join(parts[i : i + len(wanted)])
-        best = max(best, SequenceMatcher(None, term, piece).ratio() - 0.05)
+        best = max(best, _similarity(term, piece) - 0.05)
     return 0.75 * best if best >= _TYPO_SIMILARITY else 0.0
+
+
+def _similarity(a: str, b: str) -> float:
+    """difflib's ratio, skipped (0) when even its cheap upper bound cannot reach a typo's."""
+    matcher = SequenceMatcher(None, a, b)
+    if matcher.real_quick_ratio() < _TYPO_SIMILARITY or matcher.quick_ratio() < _TYPO_SIMILARITY:
+        return 0.0
+    return matcher.ratio()
 
 
 @dataclass(slots=True)
@@ -144,8 +154,10 @@ def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focu
     if terms:
         services_by_ref: dict[Ref, list[str]] = {}
         for svc in snapshot.services:
-            for pod in snapshot.selected_pods(svc):
-                services_by_ref.setdefault(snapshot.workload_of(pod), []).append(ko.name(svc))
+            # Only a Service whose name is close to a term can lend it to its workloads.
+            if any(closeness(term, ko.name(svc)) for term, _, _ in terms):
+                for pod in snapshot.selected_pods(svc):
+                    services_by_ref.setdefault(snapshot.workload_of(pod), []).append(ko.name(svc))
         for ref in snapshot.workloads():
             pods = snapshot.pods_of(ref)
             label_values = {ko.labels(p).get(k, "") for p in pods[:3] for k in _APP_LABELS}

@@ -82,6 +82,8 @@ DEFAULT_UNITS: dict[str, str] = {
 
 _PLACEHOLDER = re.compile(r"\{(namespace|pod_regex|service_regex|node|alertname)\}")
 _MAX_SERIES = 10
+_MAX_GET_PARAMS = 2000
+"""Longer query parameters go in a POST body (a derived query can name a few hundred pods)."""
 
 
 @dataclass(slots=True)
@@ -152,10 +154,17 @@ class PrometheusProvider(ContextProvider):
             self._session = None
 
     async def api(self, path: str, params: Mapping[str, str]) -> Any:
-        """``GET /api/v1/<path>`` and its ``data``; :class:`PrometheusError` with the upstream text."""
+        """``GET /api/v1/<path>`` and its ``data`` (``POST`` with a form body for a query too long
+        for a URL); :class:`PrometheusError` with the upstream text."""
         url = f"{self.target}/api/v1/{path}"
+        long = sum(len(k) + len(v) for k, v in params.items()) > _MAX_GET_PARAMS
         try:
-            async with self._client().get(url, params=params) as response:
+            request = (
+                self._client().post(url, data=dict(params))
+                if long
+                else self._client().get(url, params=params)
+            )
+            async with request as response:
                 text = await response.text()
                 try:
                     body = await response.json(content_type=None)
@@ -352,22 +361,30 @@ class PrometheusProvider(ContextProvider):
         except PrometheusError as exc:
             outcome.error = str(exc)
             return outcome
-        if query.top_of:
-            # A node's top consumers: only pods Kubernetes placed there, the biggest first.
-            placed = set(query.top_of)
-            series = [s for s in series if (s[0].get("namespace", ""), s[0].get("pod", "")) in placed]
+        if query.keep is not None:
+            series = [s for s in series if query.subject(s[0]) in query.keep]
+        tops: set[int] = set()
+        if query.groups is not None:
+            # A node's top consumers: the biggest last values of each node, biggest first.
             series.sort(key=lambda s: -s[1][-1])
-            if series:
-                top = series[0][0]
-                outcome.culprits.append((top.get("namespace", ""), top.get("pod", "")))
-        for i, (labels, points) in enumerate(series[:_MAX_SERIES]):
+            seen: dict[str, int] = {}
+            for i, (labels, _) in enumerate(series):
+                node = query.groups.get(query.subject(labels), "")
+                seen[node] = seen.get(node, 0) + 1
+                if seen[node] == 1:
+                    outcome.culprits.append(query.subject(labels))
+                if seen[node] <= prom_follow.TOP_PER_NODE:
+                    tops.add(i)
+            series = [s for i, s in enumerate(series) if i in tops]
+        for labels, points in series[:_MAX_SERIES]:
             metric = labels.pop("__name__", "")
             unit = query.unit or _guess_unit(metric)
-            rank = query.rank if not query.top_of or i < 3 else 2
+            rank = query.ranks.get(query.subject(labels), query.rank)
             if metric.endswith("waiting_connections") and max(points) > 0:
-                outcome.culprits.append((labels.get("namespace", ""), labels.get("pod", "")))
+                outcome.culprits.append(query.subject(labels))
                 rank = 0
-            name = f"{query.name} {metric}".strip()
+            where = f" on {query.groups[query.subject(labels)]}" if query.groups else ""
+            name = f"{query.name.removesuffix(' on node')}{where} {metric}".strip()
             outcome.lines.append((f"{name} {_labels(labels)}: {summarise(points, unit)}", rank))
         return outcome
 

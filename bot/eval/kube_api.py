@@ -27,6 +27,7 @@ import base64
 import contextlib
 import functools
 import json
+import random
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -102,6 +103,9 @@ class KubernetesSnapshotServer:
     faults: list[tuple[re.Pattern[str], Fault]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
+    latency_s: tuple[float, float] = (0.0, 0.0)
+    """Every answer waits a uniformly drawn time in this range first (a real API server's round trip,
+    for ``bench/context_bench.py``)."""
     _runner: web.AppRunner | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
@@ -185,6 +189,8 @@ class KubernetesSnapshotServer:
             )
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(status_object(401, "Unauthorized", "Unauthorized"), status=401)
+        if self.latency_s[1] > 0:
+            await asyncio.sleep(random.uniform(*self.latency_s))
         for pattern, fault in self.faults:
             if pattern.search(request.path):
                 if fault.delay_s:

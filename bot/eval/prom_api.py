@@ -14,7 +14,9 @@ Routes: ``GET|POST /api/v1/query``, ``/api/v1/query_range``, ``GET /api/v1/alert
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -89,6 +91,8 @@ class PrometheusSnapshotServer:
     alerts: list[Alert] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     """Every query asked (PromQL, or the path for alerts and rules), for the report and tests."""
+    latency_s: tuple[float, float] = (0.0, 0.0)
+    """Every answer waits a uniformly drawn time in this range first (for ``bench/context_bench.py``)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -124,7 +128,7 @@ class PrometheusSnapshotServer:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application()
+        app = web.Application(middlewares=[self._latency])
         for path, handler in (("/api/v1/query", self._query), ("/api/v1/query_range", self._query_range)):
             app.router.add_get(path, handler)
             app.router.add_post(path, handler)
@@ -132,6 +136,13 @@ class PrometheusSnapshotServer:
         app.router.add_get("/api/v1/rules", self._rules)
         app.router.add_get("/-/ready", self._ready)
         return app
+
+    @web.middleware
+    async def _latency(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.latency_s[1] > 0:
+            await asyncio.sleep(random.uniform(*self.latency_s))
+        result: web.StreamResponse = await handler(request)
+        return result
 
     async def start(self) -> str:
         """Serve on a free port of 127.0.0.1; returns the base URL."""

@@ -53,7 +53,7 @@ def fold(sections: list[ContextSection]) -> list[ContextSection]:
     one source both hold stays only where it ranks best."""
     out: list[ContextSection] = []
     by_body: dict[tuple[str, str], int] = {}
-    for section in sections:
+    for section in map(_fold_lines, sections):
         key = (section.source, section.body)
         if section.body and key in by_body:
             first = out[by_body[key]]
@@ -66,7 +66,7 @@ def fold(sections: list[ContextSection]) -> list[ContextSection]:
             )
             continue
         by_body[key] = len(out)
-        out.append(_fold_lines(section))
+        out.append(section)
     return _drop_repeated_lines(out)
 
 

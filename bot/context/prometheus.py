@@ -227,6 +227,10 @@ class PrometheusProvider(ContextProvider):
                     drop_from="end",
                 )
             )
+        return self._answer(sections, query, errors)
+
+    def _answer(self, sections: list[ContextSection], query: str, errors: Sequence[str]) -> ProviderResult:
+        """An answer: ok with sections, else empty; the errors of queries that failed beside others."""
         return ProviderResult(
             source=SOURCE,
             status=ProviderStatus.OK if sections else ProviderStatus.EMPTY,
@@ -345,14 +349,7 @@ class PrometheusProvider(ContextProvider):
                     unit="more derived metric series",
                 )
             )
-        return ProviderResult(
-            source=SOURCE,
-            status=ProviderStatus.OK if sections else ProviderStatus.EMPTY,
-            sections=sections,
-            query=query,
-            error="; ".join(errors) or None,
-            target=self.target,
-        )
+        return self._answer(sections, query, errors)
 
     async def _derived(self, query: prom_follow.Derived, keep: _NamespaceFilter) -> _Followed:
         outcome = _Followed(query.name, query.promql)

@@ -876,6 +876,18 @@ def node(
     }
 
 
+def object_meta(name: str, namespace: str, kind: str, **fields: Any) -> dict[str, Any]:
+    """``metadata`` of a namespaced object: name, namespace, a uid made of them, created a day ago
+    (``fields`` add or replace keys: labels, annotations, generation, creationTimestamp ...)."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{kind}-{namespace}-{name}",
+        "creationTimestamp": ts(60 * 24),
+        **fields,
+    }
+
+
 def daemonset(
     name: str,
     namespace: str = "kube-system",
@@ -890,13 +902,7 @@ def daemonset(
     """A DaemonSet with ``desired`` scheduled pods, ``ready`` of them ready."""
     labels = labels or {"app": name}
     return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-{name}",
-            "labels": labels,
-            "generation": 1,
-        },
+        "metadata": object_meta(name, namespace, "ds", labels=labels, generation=1),
         "spec": {
             "selector": {"matchLabels": labels},
             "template": _template(image, labels, template),
@@ -941,17 +947,8 @@ def service(
         ]
         if not spec["selector"]:
             del spec["selector"]
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-svc-{namespace}-{name}",
-            "creationTimestamp": ts(60 * 24 * 30),
-            "labels": {"app": name},
-        },
-        "spec": spec,
-        "status": {"loadBalancer": {}},
-    }
+    meta = object_meta(name, namespace, "svc", labels={"app": name}, creationTimestamp=ts(60 * 24 * 30))
+    return {"metadata": meta, "spec": spec, "status": {"loadBalancer": {}}}
 
 
 def endpoint_slice(svc: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1008,15 +1005,7 @@ def config_map(
     name: str, namespace: str = "payments", *, data: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A ConfigMap with ``data``."""
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-cm-{namespace}-{name}",
-            "creationTimestamp": ts(60 * 24),
-        },
-        "data": dict(data or {}),
-    }
+    return {"metadata": object_meta(name, namespace, "cm"), "data": dict(data or {})}
 
 
 def secret(
@@ -1025,12 +1014,7 @@ def secret(
     """A Secret with ``keys``; each value is a planted marker (``SECRET-VALUE-<key>``, base64) that
     must never reach a prompt: opsbot never reads Secrets."""
     return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"uid-secret-{namespace}-{name}",
-            "creationTimestamp": ts(60 * 24),
-        },
+        "metadata": object_meta(name, namespace, "secret"),
         "type": type_,
         "data": {k: base64.b64encode(f"SECRET-VALUE-{k}".encode()).decode() for k in keys or []},
     }
@@ -1152,7 +1136,7 @@ def horizontal_pod_autoscaler(
             }
         )
     return {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-hpa-{namespace}-{name}"},
+        "metadata": object_meta(name, namespace, "hpa"),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target_name},
             "minReplicas": min_replicas,

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run_meta import package_versions, run_meta  # noqa: E402
 
 from bot.eval import kube_api  # noqa: E402
+from bot.eval.report import hardware  # noqa: E402
 from bot.eval.prom_api import Alert, PrometheusSnapshotServer, Series  # noqa: E402
 
 APPS = ("checkout", "payments", "orders", "search", "catalog", "cart", "notifier")
@@ -440,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "meta": run_meta(["bench/context_bench.py", *argv]),
         "commit": commit,
-        "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "hardware": ", ".join(f"{k} {v}" for k, v in hardware().items() if v),
         "versions": package_versions("bot", "kubernetes_asyncio", "aiohttp"),
         "args": {
             "pods": args.pods,

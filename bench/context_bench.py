@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -45,8 +44,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from run_meta import package_versions, run_meta  # noqa: E402
 
 from bot.eval import kube_api  # noqa: E402
-from bot.eval.report import hardware  # noqa: E402
 from bot.eval.prom_api import Alert, PrometheusSnapshotServer, Series  # noqa: E402
+from bot.eval.report import hardware  # noqa: E402
 
 APPS = ("checkout", "payments", "orders", "search", "catalog", "cart", "notifier")
 JAVA_STACK = [
@@ -400,19 +399,22 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"- date: {meta['date']}; commit {report['commit']}",
         f"- command: `{meta['command']}`",
-        f"- hardware: {report['hardware']}",
+        f"- hardware: {report['hardware']}; load average (1 / 5 / 15 min) before "
+        f"{report['load_1_5_15_min']['before']}, after {report['load_1_5_15_min']['after']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-        f"- {s['all']['n']} gatherings ({report['args']['rounds']} rounds of {len(s['by_question'])} questions), "
-        "cache off, Kubernetes then Prometheus following it",
+        f"- {s['all']['n']} gatherings ({report['args']['rounds']} rounds of {len(s['by_question'])} "
+        "questions), cache off, Kubernetes then Prometheus following it",
         "",
-        "| question | P50 ms | P90 ms | P99 ms | max ms | Kubernetes calls (mean / max) | Prometheus queries (mean / max) |",
+        "| question | P50 ms | P90 ms | P99 ms | max ms | Kubernetes calls (mean / max) "
+        "| Prometheus queries (mean / max) |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, st in [("**all**", s["all"]), *s["by_question"].items()]:
         w = st["wall_ms"]
+        kube, prom = st["kube_calls"], st["prom_calls"]
         lines.append(
             f"| {label} | {w['p50']:.0f} | {w['p90']:.0f} | {w['p99']:.0f} | {w['max']:.0f} | "
-            f"{st['kube_calls']['mean']} / {st['kube_calls']['max']} | {st['prom_calls']['mean']} / {st['prom_calls']['max']} |"
+            f"{kube['mean']} / {kube['max']} | {prom['mean']} / {prom['max']} |"
         )
     if s["all"]["not_ok"]:
         lines += ["", "Sources not ok in some gathering: " + ", ".join(s["all"]["not_ok"])]
@@ -434,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         asyncio.run(serve(args))
         return 0
+    load_before = os.getloadavg()
     result = asyncio.run(measure(args))
+    load_after = os.getloadavg()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -443,6 +447,11 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit,
         "hardware": ", ".join(f"{k} {v}" for k, v in hardware().items() if v),
         "versions": package_versions("bot", "kubernetes_asyncio", "aiohttp"),
+        # The machine may be shared: its load says how much of it the run had.
+        "load_1_5_15_min": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in load_after],
+        },
         "args": {
             "pods": args.pods,
             "namespaces": args.namespaces,

@@ -124,14 +124,35 @@ def fit_to_budget(
     units.sort(key=lambda u: (u.rank, u.section, u.order))
     remaining = max_tokens
     opened: set[int] = set()
-    chosen: dict[int, set[int]] = {}
+    picked: list[_Unit] = []
     for unit in units:
         cost = unit.cost + (0 if unit.section in opened else heads[unit.section])
         if cost > remaining:
             continue
         remaining -= cost
         opened.add(unit.section)
-        chosen.setdefault(unit.section, set()).update(unit.lines)
+        picked.append(unit)
+    # Lines were priced one by one; a tokenizer may merge across them. Measure what was kept and
+    # give back the last picked (the lowest ranked) until it truly fits.
+    while picked:
+        chosen: dict[int, set[int]] = {}
+        for unit in picked:
+            chosen.setdefault(unit.section, set()).update(unit.lines)
+        kept, left_out = _assemble(ordered, chosen)
+        if sum(section_tokens(s, tokenizer) for s in kept) <= max_tokens:
+            break
+        picked.pop()
+    else:
+        kept, left_out = [], [_whole_note(s) for s in ordered]
+    if left_out:
+        logger.debug("context budget %d tokens: left out %s", max_tokens, "; ".join(left_out))
+    return kept, left_out
+
+
+def _assemble(
+    ordered: list[ContextSection], chosen: dict[int, set[int]]
+) -> tuple[list[ContextSection], list[str]]:
+    """The sections with the chosen lines (in their order), and a note for each cut or left out."""
     kept: list[ContextSection] = []
     left_out: list[str] = []
     for index, section in enumerate(ordered):
@@ -153,8 +174,6 @@ def fit_to_budget(
             )
         )
         left_out.append(f"{len(lines) - len(order)} {section.unit}")
-    if left_out:
-        logger.debug("context budget %d tokens: left out %s", max_tokens, "; ".join(left_out))
     return kept, left_out
 
 

@@ -351,11 +351,16 @@ def _note(provider: ContextProvider, result: ProviderResult) -> SourceNote:
     if result.status is ProviderStatus.TIMEOUT:
         detail = result.error or f"{provider.name} timed out at {provider.target}"
     elif result.status is ProviderStatus.FAILED:
-        query = f" (query: {result.query})" if result.query else ""
+        query = f" (query: {_clipped(result.query)})" if result.query else ""
         detail = f"{provider.name} failed at {result.target or provider.target}: {result.error}{query}"
     elif result.status is ProviderStatus.OK:
         titles = ", ".join(dict.fromkeys(s.title for s in result.sections))
         detail = titles + (f"; partly failed: {result.error}" if result.error else "")
     else:
-        detail = result.error or result.query
+        detail = result.error or _clipped(result.query)
     return SourceNote(provider.name, status, detail, links=list(result.links))
+
+
+def _clipped(query: str, limit: int = 300) -> str:
+    """A source's queries for a note: derived queries can name hundreds of pods, a note stays short."""
+    return query if len(query) <= limit else f"{query[:limit]}… ({query.count('; ') + 1} queries)"

@@ -12,8 +12,7 @@ have nothing to do with the question.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from bot.context import hops
 from bot.context import kube_objects as ko
@@ -21,11 +20,8 @@ from bot.context.base import ContextSection, ranked_section
 from bot.context.entities import Entities
 from bot.context.kube_objects import Obj
 from bot.context.kube_snapshot import Ref, Snapshot
-from bot.context.logsig import CONTEXT, DECISIVE, ERROR, FILLER, signature
+from bot.context.logsig import CONTEXT, DECISIVE, ERROR, FILLER, Line, signature
 from bot.context.matching import Focus
-
-if TYPE_CHECKING:
-    from bot.context.kubernetes import LogStream
 
 SOURCE = "Kubernetes"
 _MAX_POD_LINES = 60
@@ -33,6 +29,20 @@ _MAX_EVENTS = 200
 _MAX_REVISIONS = 5
 _MAX_DETAILS = 3
 _Lines = list[tuple[str, int]]
+
+
+@dataclass(slots=True)
+class LogStream:
+    """One container log read: whose, which, and its condensed lines."""
+
+    pod: Obj
+    container: str
+    previous: bool
+    lines: list[Line] = field(default_factory=list)
+    read: int = 0
+    """Lines read before condensing."""
+    ending: int = CONTEXT
+    """Rank of the log's last lines (see :func:`bot.context.logsig.condense`)."""
 
 
 @dataclass(slots=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
@@ -45,6 +44,7 @@ from bot.context.base import (
 )
 from bot.context.kube_objects import Obj
 from bot.context.kube_read import KubeReader, api_error
+from bot.context.kube_sections import LogStream
 from bot.context.kube_snapshot import Snapshot
 from bot.context.logsig import CONTEXT, DECISIVE, ERROR, Line, condense
 
@@ -58,20 +58,6 @@ _MAX_PODS_PER_WORKLOAD = 3
 _MAX_FOCUS_PODS = 5
 _MAX_HOP_LOG_PODS = 6
 _LOG_LIMIT_BYTES = 512 * 1024
-
-
-@dataclass(slots=True)
-class LogStream:
-    """One container log read: whose, which, and its condensed lines."""
-
-    pod: Obj
-    container: str
-    previous: bool
-    lines: list[Line] = field(default_factory=list)
-    read: int = 0
-    """Lines read before condensing."""
-    ending: int = CONTEXT
-    """Rank of the log's last lines (see :func:`bot.context.logsig.condense`)."""
 
 
 class KubernetesProvider(ContextProvider):

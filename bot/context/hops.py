@@ -75,6 +75,8 @@ class Plan:
     dns_reason: str = ""
     neighbours: dict[str, list[Obj]] = field(default_factory=dict)
     """node -> the other pods on it, most telling first."""
+    pressured: set[str] = field(default_factory=set)
+    """Nodes of ``neighbours`` under pressure (memory, disk, PIDs) or not Ready."""
     claims: list[Obj] = field(default_factory=list)
     configs: dict[tuple[str, str, str], set[str]] = field(default_factory=dict)
     """(configmap / secret, namespace, name) -> keys referenced (empty: the whole object)."""
@@ -289,6 +291,9 @@ def plan(
         node = ko.spec(pod).get("nodeName")
         if node and node not in out.neighbours:
             out.neighbours[str(node)] = neighbours(snapshot, str(node), own | replicas)
+            node_obj = snapshot.get("Node", "", str(node))
+            if node_obj is not None and ko.node_problems(node_obj):
+                out.pressured.add(str(node))
     if not out.dns_reason and re.search(r"(?i)\bdns\b|coredns|name resolution", question):
         out.dns_reason = "the question is about DNS"
     if out.dns_reason:

@@ -273,15 +273,13 @@ def _dependencies(g: Gathered) -> ContextSection | None:
             health = f"endpoints {ready}/{total} ready, {health}"
         lines.append((f"{dep.label} ({dep.why}): {health}", DECISIVE if broken else CONTEXT))
         for pod in broken[:3]:
-            lines.append((f"  {ko.pod_line(pod)}", DECISIVE))
-            for c in ko.spec(pod).get("containers") or []:
-                lines.append((f"    container {c.get('name')}: {ko.resources_text(c)}", ERROR))
+            lines += _broken_pod_lines(pod)
     if g.plan.dns_reason:
         lines.append((f"cluster DNS ({g.plan.dns_reason}):", DECISIVE))
         if not g.plan.dns:
             lines.append(("  no CoreDNS / kube-dns pods in the scope read", ERROR))
         for pod in g.plan.dns[:4]:
-            lines.append((f"  {ko.pod_line(pod)}", DECISIVE if ko.pod_problems(pod) else ERROR))
+            lines += _broken_pod_lines(pod) if ko.pod_problems(pod) else [(f"  {ko.pod_line(pod)}", ERROR)]
         for svc in g.snapshot.services:
             if ko.name(svc) in ("kube-dns", "coredns") and ko.namespace(svc) == "kube-system":
                 ready, total = g.snapshot.endpoints(svc)
@@ -299,6 +297,14 @@ def _dependencies(g: Gathered) -> ContextSection | None:
     )
 
 
+def _broken_pod_lines(pod: Obj) -> _Lines:
+    """A broken pod one hop away: its line, and its containers' resources (an OOM kill's limit)."""
+    lines: _Lines = [(f"  {ko.pod_line(pod)}", DECISIVE)]
+    for c in ko.spec(pod).get("containers") or []:
+        lines.append((f"    container {c.get('name')}: {ko.resources_text(c)}", ERROR))
+    return lines
+
+
 def _focus_refs(g: Gathered) -> list[Ref]:
     refs = hops.workload_refs(g.snapshot, g.top)
     for kind, names in (("Deployment", g.entities.deployments), ("StatefulSet", g.entities.statefulsets)):
@@ -310,7 +316,12 @@ def _focus_refs(g: Gathered) -> list[Ref]:
 
 def _workloads(g: Gathered) -> ContextSection | None:
     lines: _Lines = []
-    refs = [] if g.overview else _focus_refs(g)
+    refs = (
+        []
+        if g.overview
+        else [*_focus_refs(g), *(r for r in g.focus.workloads[:2] if not g.snapshot.pods_of(r))]
+    )
+    refs = list(dict.fromkeys(refs))
     # A rollout is a likely cause when the pods in question are broken (or the question is a review).
     suspect = g.change_review or any(ko.pod_problems(p) for p in g.top)
     for ref in refs:
@@ -424,10 +435,17 @@ def _events(g: Gathered) -> ContextSection | None:
         return None
     decisive, related, mentions = _related_names(g)
     ranked: list[tuple[Obj, int]] = []
+    # A pending pod in question and a volume event of its namespace: likely its claim.
+    pending = {ko.namespace(p) for p in g.top if ko.status(p).get("phase") == "Pending"}
     for event in events:
-        name = (event.get("involvedObject") or {}).get("name") or ""
+        obj = event.get("involvedObject") or {}
+        name = obj.get("name") or ""
         message = str(event.get("message") or "")
-        if name in decisive or any(f'"{m}"' in message or f" {m} " in message for m in mentions):
+        volume = (
+            obj.get("kind") in ("PersistentVolumeClaim", "PersistentVolume")
+            and ko.namespace(event) in pending
+        )
+        if name in decisive or volume or any(f'"{m}"' in message or f" {m} " in message for m in mentions):
             rank = DECISIVE
         elif name in related:
             rank = ERROR

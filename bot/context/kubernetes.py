@@ -192,12 +192,13 @@ class _Gathering:
         snapshot = await self._round_one()
         focus = matching.resolve(self.entities, snapshot)
         top = _top_pods(snapshot, focus)
-        overview = not top
+        # A workload named but without pods (its new ReplicaSet cannot create them) is in question too.
+        overview = not top and not focus.workloads
         if overview:
             # Nothing in question: the most broken pods lead, never the first in API order.
             top = _top_pods(snapshot, matching.Focus(pods=matching.by_severity(snapshot.pods)))[:3]
-        # Revisions only where they are read: the namespaces of the pods in question.
-        spaces = sorted({ko.namespace(p) for p in top})
+        # Revisions only where they are read: the namespaces of the pods and workloads in question.
+        spaces = sorted({ko.namespace(p) for p in top} | {ref[1] for ref in focus.workloads[:2]})
         streams, storage, replicasets = await asyncio.gather(
             self._logs(top),
             self._storage(snapshot, top),
@@ -339,8 +340,12 @@ def _hop_pods(plan: hops.Plan, exclude: set[tuple[str, str]]) -> list[Obj]:
         broken = dependency.broken()
         pods += broken[:2] if broken else dependency.pods[:1]
     pods += plan.dns[:2]
-    for neighbours in plan.neighbours.values():
-        pods += [p for p in neighbours[:3] if ko.pod_problems(p) or kube_sections.could_starve(p)]
+    for node, neighbours in plan.neighbours.items():
+        # On a node under pressure the pods beside them are suspects whatever their limits say.
+        pressed = node in plan.pressured
+        pods += [p for p in neighbours[:3] if ko.pod_problems(p) or kube_sections.could_starve(p) or pressed][
+            :2
+        ]
     return [p for p in ko.unique(pods) if ko.key(p) not in exclude][:_MAX_HOP_LOG_PODS]
 
 

@@ -173,7 +173,6 @@ def alert_section(payload: Mapping[str, Any]) -> ContextSection | None:
         priority=0,
         unit="more alert lines",
         drop_from="end",
-        rank=0,  # what the notification is about: kept before any gathered line
     )
 
 

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+_NONE = {"hits": 0, "of": 0}
+
 
 def _frac(rate: dict[str, int]) -> str:
     return f"{rate['hits']}/{rate['of']}"
@@ -48,12 +50,13 @@ def compare(runs: dict[str, dict[str, Any]], argv: list[str], note: str | None) 
             | {
                 "cases": [
                     {
-                        k: c[k]
+                        k: c.get(k)
                         for k in (
                             "id",
                             "status",
                             "score",
                             "not_in_context",
+                            "evidence",
                             "ttft_ms",
                             "tpot_ms",
                             "e2e_ms",
@@ -85,6 +88,9 @@ def compare(runs: dict[str, dict[str, Any]], argv: list[str], note: str | None) 
     lines += ["", "## Totals", "", "| measure | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     rows = [
         ("answered", lambda t: f"{t['answered']}/{t['cases']}"),
+        ("evidence recall (decisive facts in the prompt)", lambda t: _frac(t.get("evidence_recall", _NONE))),
+        ("gathering misses", lambda t: str(len(t.get("gathering_misses", [])))),
+        ("budget misses", lambda t: str(len(t.get("budget_misses", [])))),
         ("failing object named", lambda t: _frac(t["object_named"])),
         ("reason named", lambda t: _frac(t["reason_named"])),
         ("all numbers exact (cases)", lambda t: _frac(t["numbers_exact"])),
@@ -102,7 +108,7 @@ def compare(runs: dict[str, dict[str, Any]], argv: list[str], note: str | None) 
         lines.append(f"| {name} | " + " | ".join(cell(runs[label]["totals"]) for label in labels) + " |")
     lines += [
         "",
-        "## Per case (object / reason / numbers found / hallucinated names; e2e ms)",
+        "## Per case (ev: decisive facts in the prompt; object / reason / numbers / hallucinated; e2e ms)",
         "",
         "| case | " + " | ".join(labels) + " |",
         "|---|" + "---|" * len(labels),
@@ -117,7 +123,10 @@ def compare(runs: dict[str, dict[str, Any]], argv: list[str], note: str | None) 
                 continue
             s = c["score"]
             halluc = len(s["hallucinated"])
+            facts = c.get("evidence") or []
+            hits = sum(f["status"] == "in_prompt" for f in facts)
             cells.append(
+                f"ev {hits}/{len(facts)}; "
                 f"{_mark(s['object_named'])} {_mark(s['reason_named'])} "
                 f"{s['numbers_found']}/{s['numbers_expected']} h{halluc}; {_ms(c['e2e_ms'])}"
             )

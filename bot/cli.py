@@ -177,6 +177,12 @@ def build_parser() -> OneLineParser:
     )
     ev.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable)")
     ev.add_argument("--max-tokens", type=int, help="answer tokens per case (default: the scenario's)")
+    ev.add_argument(
+        "--evidence-only",
+        action="store_true",
+        help="gather and build every prompt, trace the decisive facts, generate no answer "
+        "(only evidence recall is measured; fast on any machine)",
+    )
     feedback = sub.add_parser("feedback", help="answers people rated")
     feedback_sub = feedback.add_subparsers(
         dest="feedback_command", metavar="ACTION", parser_class=OneLineParser

@@ -464,8 +464,10 @@ class KubernetesSettings(ConfigSection):
     """Only objects matching this selector."""
     timeout_s: float = Field(3.0, gt=0)
     """Deadline for the whole provider."""
-    log_tail_lines: int = Field(50, ge=0)
-    """Log lines per failing container (previous container too)."""
+    log_tail_lines: int = Field(2000, ge=0)
+    """Log lines read per container of the pods in question, current and previous (the last ones, at
+    most 512 KiB); they are condensed by error signature, so the prompt gets the decisive lines, not
+    the tail. 0: no logs."""
     list_limit: int = Field(2000, ge=1)
     """Most objects one list call reads per namespace (one page; a cut is noted in the footer)."""
 

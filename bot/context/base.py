@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,9 +43,11 @@ DropFrom = Literal["start", "end", "none"]
 class ContextSection:
     """One labelled block of facts for the prompt.
 
-    ``body`` is a list of lines; when the budget is short, whole lines are removed from the side
-    ``drop_from`` names (``start`` for chronological bodies such as log tails and events, so the
-    newest lines stay; ``end`` for lists ordered most relevant first; ``none``: all or nothing).
+    ``body`` is a list of lines, each with a rank (``ranks``, 0 the most decisive; without them every
+    line has ``rank``). When the budget is short, whole lines are removed, the highest ranks of all
+    sections first; among lines of one rank, from the side ``drop_from`` names (``start`` for
+    chronological bodies such as log tails and events, so the newest lines stay; ``end`` for lists
+    ordered most relevant first; ``none``: all or nothing).
     """
 
     source: str
@@ -55,11 +58,45 @@ class ContextSection:
     unit: str = "lines"
     """What a cut removes, for the footer (``"older events"``, ``"older log lines of api/app"``)."""
     drop_from: DropFrom = "start"
-    """Which end of ``body`` loses lines first when the section is cut."""
+    """Which end of ``body`` loses lines first when the section is cut (among lines of one rank)."""
+    ranks: tuple[int, ...] | None = None
+    """The rank of each line of ``body`` (0: decisive, 1: errors, 2: context, 3: filler; see
+    :mod:`bot.context.logsig`); ``None``: every line has ``rank``."""
+    rank: int = 1
+    """The rank of every line when ``ranks`` is not given."""
 
     def lines(self) -> list[str]:
         """The body as lines (the units the budget cuts)."""
         return self.body.splitlines()
+
+    def line_ranks(self) -> list[int]:
+        """The rank of each line (``ranks`` when they match the body, else ``rank`` for all)."""
+        lines = self.lines()
+        if self.ranks is not None and len(self.ranks) == len(lines):
+            return list(self.ranks)
+        return [self.rank] * len(lines)
+
+
+def ranked_section(
+    *,
+    source: str,
+    title: str,
+    lines: Sequence[tuple[str, int]],
+    priority: int,
+    unit: str,
+    drop_from: DropFrom = "end",
+) -> ContextSection:
+    """A section from (line, rank) pairs (a line holding a newline is split, each part keeping the rank)."""
+    flat = [(part, rank) for text, rank in lines for part in (text.splitlines() or [""])]
+    return ContextSection(
+        source=source,
+        title=title,
+        body="\n".join(text for text, _ in flat),
+        priority=priority,
+        unit=unit,
+        drop_from=drop_from,
+        ranks=tuple(rank for _, rank in flat),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +154,41 @@ class ContextRequest:
         return (self.scenario, self.entities.key(), self.cluster, self.namespaces)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadFacts:
+    """One workload a provider found relevant, for the others to query (Prometheus: its error rate,
+    latency and saturation)."""
+
+    namespace: str
+    kind: str
+    name: str
+    pods: tuple[str, ...] = ()
+    services: tuple[str, ...] = ()
+    role: str = "asked"
+    """``asked`` (the question is about it), ``dependency`` (what an asked-about pod calls) or
+    ``neighbour`` (shares a node with one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Findings:
+    """What one provider found that another can follow (Kubernetes -> Prometheus): the workloads in
+    question and around them, their nodes and the pods on those nodes, pressure on them."""
+
+    workloads: tuple[WorkloadFacts, ...] = ()
+    nodes: tuple[str, ...] = ()
+    node_pods: tuple[tuple[str, str, str], ...] = ()
+    """(node, namespace, pod) of every pod on ``nodes``."""
+    pressure: tuple[tuple[str, str], ...] = ()
+    """(node, condition) of the nodes' pressure conditions (``DiskPressure`` ...)."""
+
+    def key(self) -> tuple[object, ...]:
+        """Hashable form, for caches."""
+        return (self.workloads, self.nodes, self.node_pods, self.pressure)
+
+    def __bool__(self) -> bool:
+        return bool(self.workloads or self.nodes)
+
+
 @dataclass(slots=True)
 class ProviderResult:
     """What one provider found, with the query and upstream error behind it."""
@@ -133,6 +205,8 @@ class ProviderResult:
     elapsed_ms: float = 0.0
     links: list[str] = field(default_factory=list)
     """Documents the answer used that the footer links (runbook URLs or files)."""
+    findings: Findings | None = None
+    """What other providers of the same cluster may follow (see :meth:`ContextProvider.follow`)."""
 
     @classmethod
     def failed(cls, source: str, target: str, query: str, error: str) -> ProviderResult:
@@ -163,6 +237,11 @@ class ContextProvider(abc.ABC):
     def cache_key(self, request: ContextRequest) -> tuple[object, ...]:
         """What makes two requests the same for this provider (default: the request's key)."""
         return request.cache_key()
+
+    async def follow(self, request: ContextRequest, findings: Findings) -> ProviderResult | None:
+        """A second round from what the other providers of the cluster found (``findings``), within
+        what is left of the deadline; ``None``: nothing to follow (the default)."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections."""

@@ -46,11 +46,17 @@ _KINDS = "|".join(sorted(_KIND_WORDS, key=len, reverse=True))
 # "deploy/api", "pod/api-1", "svc/web"
 _SLASH_FORM = re.compile(rf"(?<![\w/.-])({_KINDS})/({_SUBDOMAIN})\b", re.IGNORECASE)
 # "namespace payments", "pod api-1", "the deployment api" (short forms such as "no" and "po" are
-# only trusted in the slash form: "no pods" is not a node)
+# only trusted in the slash form: "no pods" is not a node). Never label text: in
+# "container=app namespace=shop" the word before "namespace" is a label value.
 _LONG_KINDS = "|".join(sorted((k for k in _KIND_WORDS if len(k) > 3), key=len, reverse=True))
-_WORD_FORM = re.compile(rf"\b({_LONG_KINDS}|svc|sts)\s+[`'\"]?({_SUBDOMAIN})\b", re.IGNORECASE)
+_WORD_FORM = re.compile(
+    rf"(?<![=:/\w-])({_LONG_KINDS}|pod|svc|sts)\s+[`'\"]?({_SUBDOMAIN})(?![\w-]|[=:]\S)", re.IGNORECASE
+)
 # "payments namespace", "api deployment"
-_WORD_AFTER = re.compile(rf"\b({_SUBDOMAIN})\s+(namespace|deployment|statefulset|service)\b", re.IGNORECASE)
+_WORD_AFTER = re.compile(
+    rf"(?<![=:/\w-])({_SUBDOMAIN})\s+(namespace|deployment|statefulset|service)\b(?!\s*[=:])", re.IGNORECASE
+)
+_PLURAL_KINDS = frozenset(k for k in _KIND_WORDS if k.endswith("s") and k not in ("ns", "sts", "svc"))
 _NS_FLAG = re.compile(rf"(?:^|\s)(?:-n|--namespace)[=\s]+({_NAME})\b")
 _NS_LABEL = re.compile(rf"\bnamespace\s*[=:]\s*[\"']?({_NAME})\b", re.IGNORECASE)
 # Alert names are CamelCase identifiers (KubePodCrashLooping, HighErrorRate).
@@ -81,7 +87,21 @@ _NOT_NAMES = frozenset(
         "last-applied-configuration",
     }
 )
-_ALERT_NOT_NAMES = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "OOMKilled"})
+# Pod, container and node states and event reasons: CamelCase, but never alert names.
+_ALERT_NOT_NAMES = frozenset(
+    {
+        *("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "OOMKilled", "ContainerCreating"),
+        *("PodInitializing", "CreateContainerConfigError", "CreateContainerError", "RunContainerError"),
+        *("InvalidImageName", "ErrImageNeverPull", "ContainerStatusUnknown", "DiskPressure"),
+        *("MemoryPressure", "PIDPressure", "NetworkUnavailable", "NotReady", "BackoffLimitExceeded"),
+        *("DeadlineExceeded", "ProgressDeadlineExceeded", "FailedScheduling", "FailedMount"),
+        *("FailedCreatePodSandBox", "FailedAttachVolume", "ProvisioningFailed", "NodeNotReady"),
+        *("ReadinessProbe", "LivenessProbe", "StartupProbe", "ConfigMap", "StatefulSet", "DaemonSet"),
+        *("ReplicaSet", "CronJob", "PersistentVolumeClaim", "PersistentVolume", "StorageClass"),
+        *("EndpointSlice", "HorizontalPodAutoscaler", "CoreDNS", "PgBouncer", "PostgreSQL", "MySQL"),
+        *("MongoDB", "RabbitMQ", "JavaScript", "TypeScript", "GitHub", "GitLab", "OpenSearch"),
+    }
+)
 
 _LABELS: dict[str, str] = {
     "namespace": "namespaces",
@@ -123,7 +143,10 @@ class Entities:
     jobs: list[str] = field(default_factory=list)
     alert_names: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    """Bare names that may be any workload, service or pod (``api-gateway``)."""
+    """Bare names that may be any workload, service, pod or node (``api-gateway``, ``kafka-2``)."""
+    words: list[str] = field(default_factory=list)
+    """Other words of the question that may name something (``payments``, ``chekout``): the
+    providers match them, typos included, against what the cluster has; most name nothing."""
     clusters: list[str] = field(default_factory=list)
     """Clusters named (by the question: configured names; by an alert's ``cluster`` label: as is)."""
 
@@ -168,6 +191,7 @@ class Entities:
             tuple(self.alert_names),
             tuple(self.names),
             tuple(self.clusters),
+            tuple(self.words),
         )
 
     def merge(self, other: Entities) -> Entities:
@@ -205,8 +229,12 @@ def from_text(
         found.add(_KIND_WORDS[match.group(1).lower()], match.group(2).lower())
         claimed.add(match.group(2).lower())
     for match in _WORD_FORM.finditer(text):
-        kind, name = _KIND_WORDS[match.group(1).lower()], match.group(2).lower()
+        kind_word, name = match.group(1).lower(), match.group(2).lower()
+        kind = _KIND_WORDS[kind_word]
         if name in _STOP_WORDS:
+            continue
+        # "services fail", "pods on": after a plural, only a name-like word (a hyphen or a digit) is one.
+        if kind_word in _PLURAL_KINDS and not any(c == "-" or c.isdigit() for c in name):
             continue
         found.add(kind, name)
         claimed.add(name)
@@ -232,9 +260,19 @@ def from_text(
             found.add("namespaces", name)
         else:
             found.add("names", name)
-    for word in re.findall(r"\b[a-z][a-z0-9]*\b", text):
+    # Lowercase words (a capital first letter allowed): CamelCase states are not names.
+    for token in re.findall(r"(?<![\w/.:@=-])[A-Za-z][a-z0-9]*(?![\w/@=-])", text):
+        word = token.lower()
         if word in known:
             found.add("namespaces", word)
+        elif (
+            word not in claimed
+            and len(word) >= 3
+            and word not in _STOP_WORDS
+            and word not in _COMMON_WORDS
+            and word not in _KIND_WORDS
+        ):
+            found.add("words", word)
     for match in _ALERT_WORD.finditer(text):
         if match.group(1).lower() not in _STOP_WORDS and not match.group(1).islower():
             found.add("alert_names", match.group(1))
@@ -267,6 +305,28 @@ _STOP_WORDS = frozenset(
         *("every", "any", "failing", "broken", "slow", "whole", "same", "other", "first", "last", "from"),
     }
 )
+
+
+_COMMON_TEXT = """
+    about after again all also always any anything are around ask asked back bad been before being
+    both broke broken but can cannot cant check checked could crash crashed crashes crashing customers
+    day days did didn does doesn doing don done down during error errors ever every everything fail
+    failed failing fails few fine fire fired firing fix for from get gets getting give going gone got
+    had has have having help her here high him his hour hours how its just keep keeps know last like
+    lot lots low many may maybe minute minutes more most much must need never new nothing now off
+    okay once one only other our out over please pod pods problem problems random randomly really
+    right run running said same saw say says see seem seems should since slow some someone something
+    not ready restart restarted restarting evicted evicting pending timeout timeouts latency errors
+    look looks unhappy happy healthy unhealthy weird strange issue issues incident outage
+    started still stop stopped stuck such sure take than thanks that the their them then there these
+    they thing things think this those through time times today too tried try trying two until up
+    users very was wasn way well went were what whats when where which while who why will with won
+    work working works worry would wrong yes yesterday yet you your help
+    alert alerts cluster clusters container containers deploy deployed deployment deployments
+    namespace namespaces node nodes service services statefulset statefulsets
+"""
+_COMMON_WORDS = frozenset(_COMMON_TEXT.split())
+"""Words that name nothing in a cluster question; the rest may name something (:attr:`Entities.words`)."""
 
 
 def from_alert(payload: Mapping[str, Any]) -> Entities:

@@ -30,6 +30,7 @@ from bot.context.base import (
     ContextProvider,
     ContextRequest,
     ContextSection,
+    Findings,
     ProviderResult,
     ProviderStatus,
     UsedScope,
@@ -42,6 +43,8 @@ from bot.types import SourceNote
 logger = logging.getLogger(__name__)
 
 _CacheKey = tuple[str, tuple[object, ...]]
+_MIN_FOLLOW_S = 0.05
+"""Less time than this left of the deadline: no second round."""
 
 
 class ContextGatherer:
@@ -139,7 +142,8 @@ class ContextGatherer:
             if section is not None:
                 sections.append(section)
                 notes.append(SourceNote("Alertmanager", ProviderStatus.OK.value, section.title))
-        results = await asyncio.gather(*(self._ask(cache, p, r, deadline) for cache, p, r, _ in jobs))
+        results = list(await asyncio.gather(*(self._ask(cache, p, r, deadline) for cache, p, r, _ in jobs)))
+        await self._follow(jobs, results, len(jobs) - len(self.shared), deadline)
         for (_, provider, _, label), result in zip(jobs, results, strict=True):
             found = result.sections
             if label:  # several clusters in one answer: say which one each block is from
@@ -164,17 +168,64 @@ class ContextGatherer:
             scoped=any(c.providers for c in self.clusters),
         )
 
+    async def _follow(
+        self,
+        jobs: Sequence[tuple[ResultCache, ContextProvider, ContextRequest, str]],
+        results: list[ProviderResult],
+        cluster_jobs: int,
+        deadline: float,
+    ) -> None:
+        """The second round: each cluster's providers follow what the others found there (Prometheus
+        queries what Kubernetes found), within what is left of the deadline; merged in place."""
+        by_cluster: dict[str, list[int]] = {}
+        for index in range(cluster_jobs):
+            by_cluster.setdefault(jobs[index][2].cluster, []).append(index)
+        rounds = []
+        for indexes in by_cluster.values():
+            found = [results[i].findings for i in indexes if results[i].findings]
+            if not found:
+                continue
+            findings = merge_findings(f for f in found if f is not None)
+            # A source that failed or timed out in the first round is not asked again.
+            answered = (ProviderStatus.OK, ProviderStatus.EMPTY)
+            rounds += [(i, findings) for i in indexes if results[i].status in answered]
+        if not rounds or deadline - time.monotonic() < _MIN_FOLLOW_S:
+            return
+        followed = await asyncio.gather(
+            *(
+                self._ask(
+                    jobs[i][0],
+                    jobs[i][1],
+                    jobs[i][2],
+                    deadline,
+                    follow=findings,
+                )
+                for i, findings in rounds
+            )
+        )
+        for (i, _), extra in zip(rounds, followed, strict=True):
+            results[i] = _merged(results[i], extra)
+
     async def _ask(
-        self, cache: ResultCache, provider: ContextProvider, request: ContextRequest, deadline: float
+        self,
+        cache: ResultCache,
+        provider: ContextProvider,
+        request: ContextRequest,
+        deadline: float,
+        *,
+        follow: Findings | None = None,
     ) -> ProviderResult:
         key: _CacheKey = (provider.name, provider.cache_key(request))
+        if follow is not None:
+            key = (f"{provider.name} follow", (*key[1], follow.key()))
         now = time.monotonic()
         cached = cache.get(key)
         if cached is not None:
             return cached
         task = cache.in_flight.get(key)
         if task is None:
-            task = asyncio.create_task(self._fetch(provider, request), name=f"context-{provider.name}")
+            fetch = self._fetch(provider, request, follow)
+            task = asyncio.create_task(fetch, name=f"context-{provider.name}")
             cache.in_flight[key] = task
             task.add_done_callback(functools.partial(self._done, cache, key))
         wait_s = max(0.0, min(provider.timeout_s, deadline - now))
@@ -191,10 +242,18 @@ class ContextGatherer:
                 elapsed_ms=wait_s * 1000,
             )
 
-    async def _fetch(self, provider: ContextProvider, request: ContextRequest) -> ProviderResult:
+    async def _fetch(
+        self, provider: ContextProvider, request: ContextRequest, follow: Findings | None = None
+    ) -> ProviderResult:
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(provider.fetch(request), timeout=provider.timeout_s)
+            if follow is None:
+                result = await asyncio.wait_for(provider.fetch(request), timeout=provider.timeout_s)
+            else:
+                followed = await asyncio.wait_for(
+                    provider.follow(request, follow), timeout=provider.timeout_s
+                )
+                result = followed or ProviderResult(source=provider.name, status=ProviderStatus.SKIPPED)
         except TimeoutError:
             result = ProviderResult(
                 source=provider.name,
@@ -245,6 +304,37 @@ class ContextGatherer:
                 logger.warning("closing context provider %s failed", provider.name, exc_info=True)
 
 
+def merge_findings(found: Iterable[Findings]) -> Findings:
+    """One :class:`Findings` of several providers' (each part once, in order)."""
+    parts = list(found)
+    return Findings(
+        workloads=tuple(dict.fromkeys(w for f in parts for w in f.workloads)),
+        nodes=tuple(dict.fromkeys(n for f in parts for n in f.nodes)),
+        node_pods=tuple(dict.fromkeys(p for f in parts for p in f.node_pods)),
+        pressure=tuple(dict.fromkeys(p for f in parts for p in f.pressure)),
+    )
+
+
+def _merged(first: ProviderResult, extra: ProviderResult) -> ProviderResult:
+    """A provider's answer with its second round added (a skipped or failed second round only adds
+    its error)."""
+    if extra.status is ProviderStatus.SKIPPED:
+        return first
+    errors = [e for e in (first.error, extra.error) if e]
+    sections = [*first.sections, *extra.sections]
+    status = first.status
+    if sections and status in (ProviderStatus.EMPTY, ProviderStatus.SKIPPED):
+        status = ProviderStatus.OK
+    return replace(
+        first,
+        status=status,
+        sections=sections,
+        query="; ".join(q for q in (first.query, extra.query) if q),
+        error="; ".join(errors) or None,
+        elapsed_ms=first.elapsed_ms + extra.elapsed_ms,
+    )
+
+
 def _seconds(value: float) -> str:
     return f"{round(value, 1):g}" if value >= 0.1 else f"{value:.2f}"
 
@@ -261,11 +351,16 @@ def _note(provider: ContextProvider, result: ProviderResult) -> SourceNote:
     if result.status is ProviderStatus.TIMEOUT:
         detail = result.error or f"{provider.name} timed out at {provider.target}"
     elif result.status is ProviderStatus.FAILED:
-        query = f" (query: {result.query})" if result.query else ""
+        query = f" (query: {_clipped(result.query)})" if result.query else ""
         detail = f"{provider.name} failed at {result.target or provider.target}: {result.error}{query}"
     elif result.status is ProviderStatus.OK:
         titles = ", ".join(dict.fromkeys(s.title for s in result.sections))
         detail = titles + (f"; partly failed: {result.error}" if result.error else "")
     else:
-        detail = result.error or result.query
+        detail = result.error or _clipped(result.query)
     return SourceNote(provider.name, status, detail, links=list(result.links))
+
+
+def _clipped(query: str, limit: int = 300) -> str:
+    """A source's queries for a note: derived queries can name hundreds of pods, a note stays short."""
+    return query if len(query) <= limit else f"{query[:limit]}… ({query.count('; ') + 1} queries)"

@@ -22,13 +22,22 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from bot.config import PrometheusSettings
-from bot.context.base import ContextProvider, ContextRequest, ContextSection, ProviderResult, ProviderStatus
+from bot.context import prom_follow
+from bot.context.base import (
+    ContextProvider,
+    ContextRequest,
+    ContextSection,
+    Findings,
+    ProviderResult,
+    ProviderStatus,
+    ranked_section,
+)
 from bot.context.entities import Entities
 
 logger = logging.getLogger(__name__)
@@ -73,6 +82,8 @@ DEFAULT_UNITS: dict[str, str] = {
 
 _PLACEHOLDER = re.compile(r"\{(namespace|pod_regex|service_regex|node|alertname)\}")
 _MAX_SERIES = 10
+_MAX_GET_PARAMS = 2000
+"""Longer query parameters go in a POST body (a derived query can name a few hundred pods)."""
 
 
 @dataclass(slots=True)
@@ -80,6 +91,17 @@ class _QueryOutcome:
     name: str
     promql: str
     lines: list[str]
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Followed:
+    """One derived query's ranked lines, and the pods it points at."""
+
+    name: str
+    promql: str
+    lines: list[tuple[str, int]] = field(default_factory=list)
+    culprits: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
 
 
@@ -132,10 +154,17 @@ class PrometheusProvider(ContextProvider):
             self._session = None
 
     async def api(self, path: str, params: Mapping[str, str]) -> Any:
-        """``GET /api/v1/<path>`` and its ``data``; :class:`PrometheusError` with the upstream text."""
+        """``GET /api/v1/<path>`` and its ``data`` (``POST`` with a form body for a query too long
+        for a URL); :class:`PrometheusError` with the upstream text."""
         url = f"{self.target}/api/v1/{path}"
+        long = sum(len(k) + len(v) for k, v in params.items()) > _MAX_GET_PARAMS
         try:
-            async with self._client().get(url, params=params) as response:
+            request = (
+                self._client().post(url, data=dict(params))
+                if long
+                else self._client().get(url, params=params)
+            )
+            async with request as response:
                 text = await response.text()
                 try:
                     body = await response.json(content_type=None)
@@ -198,6 +227,10 @@ class PrometheusProvider(ContextProvider):
                     drop_from="end",
                 )
             )
+        return self._answer(sections, query, errors)
+
+    def _answer(self, sections: list[ContextSection], query: str, errors: Sequence[str]) -> ProviderResult:
+        """An answer: ok with sections, else empty; the errors of queries that failed beside others."""
         return ProviderResult(
             source=SOURCE,
             status=ProviderStatus.OK if sections else ProviderStatus.EMPTY,
@@ -256,25 +289,100 @@ class PrometheusProvider(ContextProvider):
                         found.setdefault(name, url)
         return found
 
-    async def _range(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
-        outcome = _QueryOutcome(name, promql, [])
+    async def _series(self, promql: str, keep: _NamespaceFilter) -> list[tuple[dict[str, str], list[float]]]:
+        """A range query's series over ``range_minutes`` as (labels, finite values), in scope."""
         end = time.time()
         start = end - self.settings.range_minutes * 60
         step = max(15.0, (end - start) / 60)
+        data = await self.api(
+            "query_range",
+            {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+        )
+        out = []
+        for series in (data or {}).get("result", []):
+            if keep(series.get("metric")):
+                points = [float(v) for _, v in series.get("values", []) if _finite(v)]
+                if points:
+                    out.append((dict(series.get("metric") or {}), points))
+        return out
+
+    async def _range(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
+        outcome = _QueryOutcome(name, promql, [])
         try:
-            data = await self.api(
-                "query_range",
-                {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
-            )
+            series = await self._series(promql, keep)
         except PrometheusError as exc:
             outcome.error = str(exc)
             return outcome
         unit = self.units.get(name, _guess_unit(name))
-        kept = [series for series in (data or {}).get("result", []) if keep(series.get("metric"))]
-        for series in kept[:_MAX_SERIES]:
-            points = [float(v) for _, v in series.get("values", []) if _finite(v)]
-            if points:
-                outcome.lines.append(f"{name} {_labels(series.get('metric', {}))}: {summarise(points, unit)}")
+        for labels, points in series[:_MAX_SERIES]:
+            outcome.lines.append(f"{name} {_labels(labels)}: {summarise(points, unit)}")
+        return outcome
+
+    async def follow(self, request: ContextRequest, findings: Findings) -> ProviderResult | None:
+        """Queries derived from what Kubernetes found (:mod:`bot.context.prom_follow`): the workloads'
+        error rate, latency and saturation, their pools, their nodes' load and top consumers; then a
+        second round on the likely culprit the first one pointed at."""
+        allowed = list(request.namespaces) if request.namespaces is not None else self.namespaces
+        keep = _NamespaceFilter(allowed)
+        derived = prom_follow.first_round(findings, allowed)
+        if not derived:
+            return None
+        asked = {(w.namespace, p) for w in findings.workloads if w.role == "asked" for p in w.pods}
+        first = await asyncio.gather(*(self._derived(d, keep) for d in derived))
+        culprits = [c for outcome in first for c in outcome.culprits if c not in asked]
+        second = await asyncio.gather(*(self._derived(d, keep) for d in prom_follow.culprit_round(culprits)))
+        outcomes = [*first, *second]
+        lines = [line for o in outcomes for line in o.lines]
+        errors = [f"{o.name}: {o.error}" for o in outcomes if o.error]
+        query = "; ".join(o.promql for o in outcomes)
+        if errors and len(errors) == len(outcomes):
+            return ProviderResult.failed(SOURCE, self.target, query, errors[0])
+        sections = []
+        window = self.settings.range_minutes
+        if lines:
+            sections.append(
+                ranked_section(
+                    source=SOURCE,
+                    title=f"Metrics of the workloads and nodes found (last {window} min)",
+                    lines=lines,
+                    priority=19,
+                    unit="more derived metric series",
+                )
+            )
+        return self._answer(sections, query, errors)
+
+    async def _derived(self, query: prom_follow.Derived, keep: _NamespaceFilter) -> _Followed:
+        outcome = _Followed(query.name, query.promql)
+        try:
+            series = await self._series(query.promql, keep)
+        except PrometheusError as exc:
+            outcome.error = str(exc)
+            return outcome
+        if query.keep is not None:
+            series = [s for s in series if query.subject(s[0]) in query.keep]
+        tops: set[int] = set()
+        if query.groups is not None:
+            # A node's top consumers: the biggest last values of each node, biggest first.
+            series.sort(key=lambda s: -s[1][-1])
+            seen: dict[str, int] = {}
+            for i, (labels, _) in enumerate(series):
+                node = query.groups.get(query.subject(labels), "")
+                seen[node] = seen.get(node, 0) + 1
+                if seen[node] == 1:
+                    outcome.culprits.append(query.subject(labels))
+                if seen[node] <= prom_follow.TOP_PER_NODE:
+                    tops.add(i)
+            series = [s for i, s in enumerate(series) if i in tops]
+        for labels, points in series[:_MAX_SERIES]:
+            metric = labels.pop("__name__", "")
+            unit = query.unit or _guess_unit(metric)
+            rank = query.ranks.get(query.subject(labels), query.rank)
+            if metric.endswith("waiting_connections") and max(points) > 0:
+                outcome.culprits.append(query.subject(labels))
+                rank = 0
+            where = f" on {query.groups[query.subject(labels)]}" if query.groups else ""
+            name = f"{query.name.removesuffix(' on node')}{where} {metric}".strip()
+            outcome.lines.append((f"{name} {_labels(labels)}: {summarise(points, unit)}", rank))
         return outcome
 
     async def _instant(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:

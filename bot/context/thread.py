@@ -143,6 +143,9 @@ def _section(
         priority=priority,
         unit=unit,
         drop_from="start",
+        # What people wrote since the last answer is what they ask about: kept with the decisive
+        # facts; older messages only as room allows.
+        rank=0 if priority <= 1 else 2,
     )
 
 

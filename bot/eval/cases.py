@@ -16,10 +16,16 @@ YAML case keys::
     cluster:
       namespaces: [payments]
       pods: [{name, namespace, phase, node, owner: ReplicaSet/x, labels, image, resources, env,
-              unschedulable: <message>, containers: [{name, image, ready, restarts,
-              waiting: {reason, message}, last_terminated: {reason, exit_code, minutes_ago}}]}]
+              volumes, ip, reason, message, unschedulable: <message>,
+              containers: [{name, image, ready, restarts, waiting: {reason, message},
+                            last_terminated: {reason, exit_code, minutes_ago}, and container spec
+                            fields as written: resources, env, envFrom, readinessProbe, ...}],
+              init_containers: [the same]}]
       events: [{namespace, object: Pod/name, reason, message, count, minutes_ago, type}]
-      deployments / replicasets / statefulsets / nodes: the builders' keyword arguments
+      deployments / replicasets / statefulsets / daemonsets / nodes / services / configmaps /
+      secrets / pvcs / pvs / storageclasses / hpas / cronjobs / jobs: the keyword arguments of the
+      builders of bot/eval/kube_api.py (``type`` for ``type_``; ``claim: ns/name``; ``target:
+      Kind/name``; ``template``: a pod spec with real field names)
       logs: [{namespace, pod, container, previous, text}]
     prometheus:
       alerts: [{labels, annotations, state, minutes_ago, value}]
@@ -77,8 +83,18 @@ _CLUSTER_KEYS = {
     "deployments",
     "replicasets",
     "statefulsets",
+    "daemonsets",
     "nodes",
     "logs",
+    "services",
+    "configmaps",
+    "secrets",
+    "pvcs",
+    "pvs",
+    "storageclasses",
+    "hpas",
+    "cronjobs",
+    "jobs",
 }
 _EXPECT_KEYS = {"objects", "reasons", "numbers"}
 
@@ -352,6 +368,21 @@ def _call(builder: Any, kwargs: Mapping[str, Any], where: str, what: str) -> dic
     return result
 
 
+_CONTAINER_SPEC_KEYS = {
+    "resources",
+    "env",
+    "envFrom",
+    "readinessProbe",
+    "livenessProbe",
+    "startupProbe",
+    "ports",
+    "volumeMounts",
+    "args",
+    "command",
+}
+"""Container keys passed through to the pod's container spec as written (real field names)."""
+
+
 def _container(spec: Mapping[str, Any], image: str, where: str) -> dict[str, Any]:
     allowed = {
         "name",
@@ -362,6 +393,7 @@ def _container(spec: Mapping[str, Any], image: str, where: str) -> dict[str, Any
         "running_minutes",
         "terminated",
         "last_terminated",
+        *_CONTAINER_SPEC_KEYS,
     }
     _unknown(spec, allowed, where, "container")
     state: dict[str, Any]
@@ -411,11 +443,24 @@ def _pod(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
         "resources",
         "env",
         "containers",
+        "init_containers",
+        "volumes",
+        "ip",
+        "message",
         "unschedulable",
     }
     _unknown(spec, allowed, where, "pod")
     image = str(spec.get("image", "registry.example.com/app:1.0.0"))
-    statuses = [_container(c, image, where) for c in spec.get("containers", [{}])]
+    containers = spec.get("containers", [{}])
+    inits = spec.get("init_containers") or []
+    statuses = [_container(c, image, where) for c in containers]
+    init_statuses = [_container({"name": "init", **c}, image, where) for c in inits]
+    container_specs = {
+        str(c.get("name", "init" if c in inits else "app")): {
+            k: v for k, v in c.items() if k in _CONTAINER_SPEC_KEYS
+        }
+        for c in [*containers, *inits]
+    }
     conditions = None
     if spec.get("unschedulable"):
         conditions = [
@@ -442,6 +487,11 @@ def _pod(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
         image=image,
         reason=spec.get("reason"),
         resources=spec.get("resources"),
+        container_specs=container_specs,
+        init_statuses=init_statuses or None,
+        volumes=spec.get("volumes"),
+        ip=spec.get("ip"),
+        message=spec.get("message"),
     )
 
 
@@ -481,6 +531,11 @@ def build_kubernetes(cluster: Mapping[str, Any], where: str) -> kube_api.Kuberne
         server.nodes = [
             _call(kube_api.node, _tupled(n, "pressure"), where, "node") for n in cluster.get("nodes") or []
         ]
+        for name, (plural, builder) in _BUILDERS.items():
+            built = [
+                _call(builder, _kwargs(i, where), where, name.rstrip("s")) for i in cluster.get(name) or []
+            ]
+            setattr(server, plural, built)
         for log in cluster.get("logs") or []:
             _unknown(log, {"namespace", "pod", "container", "previous", "text"}, where, "log")
             key = (
@@ -495,6 +550,37 @@ def build_kubernetes(cluster: Mapping[str, Any], where: str) -> kube_api.Kuberne
             raise
         raise CaseError(f"{where}: bad cluster state: {type(exc).__name__} {exc}") from None
     return server
+
+
+_BUILDERS: dict[str, tuple[str, Any]] = {
+    "daemonsets": ("daemonsets", kube_api.daemonset),
+    "services": ("services", kube_api.service),
+    "configmaps": ("configmaps", kube_api.config_map),
+    "secrets": ("secrets", kube_api.secret),
+    "pvcs": ("persistentvolumeclaims", kube_api.persistent_volume_claim),
+    "pvs": ("persistentvolumes", kube_api.persistent_volume),
+    "storageclasses": ("storageclasses", kube_api.storage_class),
+    "hpas": ("horizontalpodautoscalers", kube_api.horizontal_pod_autoscaler),
+    "cronjobs": ("cronjobs", kube_api.cronjob),
+    "jobs": ("jobs", kube_api.job),
+}
+"""Case keys built by one builder of :mod:`bot.eval.kube_api` each: (server attribute, builder)."""
+
+
+def _kwargs(spec: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A case entry as builder arguments: ``type`` is ``type_``; ``claim`` / ``target`` are
+    ``namespace/name`` / ``Kind/name`` pairs; list values of tuple arguments become tuples."""
+    out = dict(spec)
+    if "type" in out:
+        out["type_"] = out.pop("type")
+    for key in ("claim", "target"):
+        if isinstance(out.get(key), str):
+            out[key] = _owner(out[key], where)
+    if isinstance(out.get("condition"), list):
+        out["condition"] = tuple(out["condition"])
+    if isinstance(out.get("conditions"), list):
+        out["conditions"] = [tuple(c) for c in out["conditions"]]
+    return out
 
 
 def _tupled(spec: Mapping[str, Any], key: str) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """``opsbot eval`` and ``opsbot feedback export``: the command-line side of :mod:`bot.eval`.
 
-``opsbot eval [CASES ...] --out DIR [--engine-config FILE.toml] [--case ID ...] [--max-tokens N]``
+``opsbot eval [CASES ...] --out DIR [--engine-config FILE.toml] [--case ID ...] [--max-tokens N]
+[--evidence-only]``
 starts the configured engine once (or the one ``--engine-config`` describes: a TOML file with
 ``[engine]`` and optionally ``[admission]``, ``[scenarios.*]``, ``[prompt]`` tables, laid over the
 normal settings), runs every case, prints one progress line per case and a summary line, and
 writes ``DIR/report.json`` and ``DIR/report.md``. The request rows go to ``DIR/eval.db`` (SQLite),
-never into the bot's own database.
+never into the bot's own database. ``--evidence-only`` builds every prompt with the engine's
+tokenizer but asks the engine for no answer: only evidence recall is measured.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
     backend = pick_backend(settings, model)
     system_prompt = load_system_prompt(settings.prompt.system_prompt, settings.prompt.system_prompt_file)
     say(f"{len(cases)} cases from {', '.join(map(str, paths))}; starting the {backend} engine ({model}) ...")
-    engine = PromptTap(build_engine(settings, model))
+    engine = PromptTap(build_engine(settings, model), answer=not getattr(args, "evidence_only", False))
     store: Store | None = None
     try:
         await engine.start(warmup_messages=[ChatMessage("system", system_prompt)])
@@ -140,6 +142,7 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
         "quantization": stats.quantization,
         "max_model_len": settings.engine.max_model_len,
         "max_tokens": args.max_tokens,
+        "evidence_only": bool(getattr(args, "evidence_only", False)),
     }
     report = build_report(
         results,

@@ -5,12 +5,16 @@ Served by aiohttp on a free port; the real kubernetes-asyncio client reaches it 
 file (:meth:`KubernetesSnapshotServer.write_kubeconfig`), with a bearer token it checks. Nothing in
 opsbot's own code is pointed at it except by that kubeconfig.
 
-Routes (GET only; anything else is 405, as for a read-only service account):
-``/api/v1/{pods,events,nodes,namespaces}``, ``/api/v1/namespaces/{ns}/{pods,events}``,
-``/api/v1/namespaces/{ns}/pods/{name}``, ``/api/v1/namespaces/{ns}/pods/{name}/log``
-(``container``, ``previous``, ``tailLines``), ``/apis/apps/v1/{deployments,statefulsets,replicasets}``
-and their namespaced forms. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists, !exists)
-and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
+Routes (GET only; anything else is 405, as for a read-only service account): the list calls of
+``/api/v1`` (pods, events, nodes, namespaces, services, configmaps, secrets, persistentvolumeclaims,
+persistentvolumes), ``/apis/apps/v1`` (deployments, statefulsets, replicasets, daemonsets),
+``/apis/discovery.k8s.io/v1/endpointslices``, ``/apis/storage.k8s.io/v1/storageclasses``,
+``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}``, each also in
+its namespaced form unless cluster-scoped, and each object by name (``.../{name}``); a pod's
+``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices follow the pods a Service selects, as
+the controller keeps them. Secrets are served with planted values (``SECRET-VALUE-<key>``) so a test
+can prove none reaches a prompt. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists,
+!exists) and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
 
 Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.delay(r"/pods", 5.0)`` or
 ``server.garbage(r"/pods", "<html>bad gateway</html>", "text/html")`` (200 with a body the API never sends).
@@ -19,9 +23,13 @@ Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.del
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import functools
 import json
+import random
 import re
+import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -76,15 +84,38 @@ class KubernetesSnapshotServer:
     deployments: list[dict[str, Any]] = field(default_factory=list)
     statefulsets: list[dict[str, Any]] = field(default_factory=list)
     replicasets: list[dict[str, Any]] = field(default_factory=list)
+    daemonsets: list[dict[str, Any]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
+    endpointslices: list[dict[str, Any]] = field(default_factory=list)
+    """Slices served as they are; every Service with a selector not covered here gets one made from
+    the pods it selects, as the EndpointSlice controller would."""
+    configmaps: list[dict[str, Any]] = field(default_factory=list)
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    persistentvolumeclaims: list[dict[str, Any]] = field(default_factory=list)
+    persistentvolumes: list[dict[str, Any]] = field(default_factory=list)
+    storageclasses: list[dict[str, Any]] = field(default_factory=list)
+    horizontalpodautoscalers: list[dict[str, Any]] = field(default_factory=list)
+    cronjobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     logs: dict[tuple[str, str, str, bool], str] = field(default_factory=dict)
     """(namespace, pod, container, previous) -> full log text."""
     faults: list[tuple[re.Pattern[str], Fault]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
+    latency_s: tuple[float, float] = (0.0, 0.0)
+    """Every answer waits a uniformly drawn time in this range first (a real API server's round trip,
+    for ``bench/context_bench.py``)."""
     _runner: web.AppRunner | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     url: str = ""
+
+    def state_text(self) -> str:
+        """Everything this server serves, as one text (objects as JSON, then every log): what an
+        eval case's decisive facts are looked up in when they did not reach the prompt."""
+        objects = {plural: self.items(plural) for plural in _KINDS}
+        logs = [f"{ns}/{pod}/{container}: {text}" for (ns, pod, container, _), text in self.logs.items()]
+        return "\n".join([json.dumps(objects, sort_keys=True), *self.namespaces, *logs])
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -104,17 +135,19 @@ class KubernetesSnapshotServer:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware])
-        app.router.add_get("/api/v1/pods", self._list_pods)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
-        app.router.add_get("/api/v1/events", self._list_events)
-        app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
-        app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get("/api/v1/namespaces", self._list_namespaces)
-        for kind in ("deployments", "statefulsets", "replicasets"):
-            app.router.add_get(f"/apis/apps/v1/{kind}", self._list_apps)
-            app.router.add_get(f"/apis/apps/v1/namespaces/{{ns}}/{kind}", self._list_apps)
+        for prefix, plural in _ROUTES:
+            handler = functools.partial(self._list_kind, prefix, plural)
+            one = functools.partial(self._get_kind, prefix, plural)
+            app.router.add_get(f"{prefix}/{plural}", handler)
+            if plural in _CLUSTER_SCOPED:
+                app.router.add_get(f"{prefix}/{plural}/{{name}}", one)
+            else:
+                app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}", handler)
+                if plural != "pods":
+                    app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}/{{name}}", one)
         return app
 
     async def start(self) -> str:
@@ -156,6 +189,8 @@ class KubernetesSnapshotServer:
             )
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(status_object(401, "Unauthorized", "Unauthorized"), status=401)
+        if self.latency_s[1] > 0:
+            await asyncio.sleep(random.uniform(*self.latency_s))
         for pattern, fault in self.faults:
             if pattern.search(request.path):
                 if fault.delay_s:
@@ -199,9 +234,30 @@ class KubernetesSnapshotServer:
             {"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}
         )
 
-    async def _list_pods(self, request: web.Request) -> web.Response:
-        pods = [{"kind": "Pod", "apiVersion": "v1", **p} for p in self._filtered(request, self.pods)]
-        return self._list(request, "PodList", "v1", pods)
+    def items(self, plural: str) -> list[dict[str, Any]]:
+        """The objects of one resource (``pods``, ``endpointslices`` ...) as served."""
+        if plural == "endpointslices":
+            covered = {
+                (e["metadata"].get("namespace"), e["metadata"]["labels"].get(_SERVICE_NAME_LABEL))
+                for e in self.endpointslices
+            }
+            made = [
+                endpoint_slice(svc, self.pods)
+                for svc in self.services
+                if svc["spec"].get("selector")
+                and (svc["metadata"]["namespace"], svc["metadata"]["name"]) not in covered
+            ]
+            return [*self.endpointslices, *made]
+        items: list[dict[str, Any]] = getattr(self, plural)
+        return items
+
+    async def _list_kind(self, prefix: str, plural: str, request: web.Request) -> web.Response:
+        kind, api_version = _KINDS[plural], prefix.removeprefix("/apis/").removeprefix("/api/")
+        items = [
+            {"kind": kind, "apiVersion": api_version, **i}
+            for i in self._filtered(request, self.items(plural))
+        ]
+        return self._list(request, f"{kind}List", api_version, items)
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         for pod in self.pods:
@@ -218,7 +274,7 @@ class KubernetesSnapshotServer:
         )
         if pod is None:
             return web.json_response(status_object(404, "NotFound", f'pods "{name}" not found'), status=404)
-        containers = [c["name"] for c in pod["spec"]["containers"]]
+        containers = [c["name"] for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]]
         container = request.query.get("container")
         if container is None:
             if len(containers) != 1:
@@ -232,7 +288,11 @@ class KubernetesSnapshotServer:
         previous = request.query.get("previous", "false").lower() == "true"
         key = (ns, name, container, previous)
         if key not in self.logs:
-            statuses = {s["name"]: s for s in pod.get("status", {}).get("containerStatuses", [])}
+            status = pod.get("status", {})
+            statuses = {
+                s["name"]: s
+                for s in [*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])]
+            }
             waiting = statuses.get(container, {}).get("state", {}).get("waiting")
             if previous:
                 message = f'previous terminated container "{container}" in pod "{name}" not found'
@@ -250,13 +310,15 @@ class KubernetesSnapshotServer:
             lines = lines[-int(tail) :] if int(tail) > 0 else []
         return web.Response(text="".join(lines), content_type="text/plain")
 
-    async def _list_events(self, request: web.Request) -> web.Response:
-        events = [{"kind": "Event", "apiVersion": "v1", **e} for e in self._filtered(request, self.events)]
-        return self._list(request, "EventList", "v1", events)
-
-    async def _list_nodes(self, request: web.Request) -> web.Response:
-        nodes = [{"kind": "Node", "apiVersion": "v1", **n} for n in self._filtered(request, self.nodes)]
-        return self._list(request, "NodeList", "v1", nodes)
+    async def _get_kind(self, prefix: str, plural: str, request: web.Request) -> web.Response:
+        kind, api_version = _KINDS[plural], prefix.removeprefix("/apis/").removeprefix("/api/")
+        ns, name = request.match_info.get("ns"), request.match_info["name"]
+        for item in self.items(plural):
+            meta = item["metadata"]
+            if meta["name"] == name and (ns is None or meta.get("namespace") == ns):
+                return web.json_response({"kind": kind, "apiVersion": api_version, **item})
+        message = f'{plural} "{name}" not found'
+        return web.json_response(status_object(404, "NotFound", message), status=404)
 
     async def _list_namespaces(self, request: web.Request) -> web.Response:
         names = self.namespaces or sorted({p["metadata"]["namespace"] for p in self.pods})
@@ -266,20 +328,48 @@ class KubernetesSnapshotServer:
         ]
         return self._list(request, "NamespaceList", "v1", items)
 
-    async def _list_apps(self, request: web.Request) -> web.Response:
-        kind = request.path.rstrip("/").rsplit("/", 1)[-1]
-        source = {
-            "deployments": self.deployments,
-            "statefulsets": self.statefulsets,
-            "replicasets": self.replicasets,
-        }
-        singular = {"deployments": "Deployment", "statefulsets": "StatefulSet", "replicasets": "ReplicaSet"}[
-            kind
-        ]
-        items = [
-            {"kind": singular, "apiVersion": "apps/v1", **i} for i in self._filtered(request, source[kind])
-        ]
-        return self._list(request, f"{singular}List", "apps/v1", items)
+
+_SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_ROUTES: tuple[tuple[str, str], ...] = (
+    ("/api/v1", "pods"),
+    ("/api/v1", "events"),
+    ("/api/v1", "nodes"),
+    ("/api/v1", "services"),
+    ("/api/v1", "configmaps"),
+    ("/api/v1", "secrets"),
+    ("/api/v1", "persistentvolumeclaims"),
+    ("/api/v1", "persistentvolumes"),
+    ("/apis/apps/v1", "deployments"),
+    ("/apis/apps/v1", "statefulsets"),
+    ("/apis/apps/v1", "replicasets"),
+    ("/apis/apps/v1", "daemonsets"),
+    ("/apis/discovery.k8s.io/v1", "endpointslices"),
+    ("/apis/storage.k8s.io/v1", "storageclasses"),
+    ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    ("/apis/batch/v1", "cronjobs"),
+    ("/apis/batch/v1", "jobs"),
+)
+"""Every list route served: (API prefix, resource); each also namespaced unless cluster-scoped."""
+_CLUSTER_SCOPED = frozenset({"nodes", "persistentvolumes", "storageclasses"})
+_KINDS = {
+    "pods": "Pod",
+    "events": "Event",
+    "nodes": "Node",
+    "services": "Service",
+    "configmaps": "ConfigMap",
+    "secrets": "Secret",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "persistentvolumes": "PersistentVolume",
+    "deployments": "Deployment",
+    "statefulsets": "StatefulSet",
+    "replicasets": "ReplicaSet",
+    "daemonsets": "DaemonSet",
+    "endpointslices": "EndpointSlice",
+    "storageclasses": "StorageClass",
+    "horizontalpodautoscalers": "HorizontalPodAutoscaler",
+    "cronjobs": "CronJob",
+    "jobs": "Job",
+}
 
 
 # -- selectors -------------------------------------------------------------------------------
@@ -406,9 +496,16 @@ def pod(
     image: str = "registry.example.com/app:1.0.0",
     reason: str | None = None,
     resources: dict[str, dict[str, str]] | None = None,
+    container_specs: dict[str, dict[str, Any]] | None = None,
+    init_statuses: list[dict[str, Any]] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+    ip: str | None = None,
+    message: str | None = None,
 ) -> dict[str, Any]:
-    """A Pod object; ``resources`` apply to every container (default: requests 250m / 256Mi,
-    limits 1 / 512Mi)."""
+    """A Pod object; ``resources`` and ``env`` apply to every container (default resources: requests
+    250m / 256Mi, limits 1 / 512Mi); ``container_specs`` adds spec fields by container name (probes,
+    ports, volumeMounts, envFrom, args, or its own resources / env) to containers and init containers;
+    ``init_statuses``: the init containers' statuses (their specs are made from them)."""
     if resources is None:
         resources = {
             "requests": {"cpu": "250m", "memory": "256Mi"},
@@ -416,10 +513,18 @@ def pod(
         }
     statuses = statuses if statuses is not None else [container_status(image=image)]
     all_ready = bool(statuses) and all(s["ready"] for s in statuses)
+    inits_done = all(
+        (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0 for s in init_statuses or []
+    )
     if conditions is None:
         conditions = [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(60)},
-            {"type": "Initialized", "status": "True", "lastTransitionTime": ts(60)},
+            {
+                "type": "Initialized",
+                "status": "True" if inits_done else "False",
+                "lastTransitionTime": ts(60),
+                **({} if inits_done else {"reason": "ContainersNotInitialized"}),
+            },
             {
                 "type": "ContainersReady",
                 "status": "True" if all_ready else "False",
@@ -433,15 +538,15 @@ def pod(
                 **({} if all_ready else {"reason": "ContainersNotReady"}),
             },
         ]
-    containers = [
-        {
-            "name": s["name"],
-            "image": s["image"],
-            "resources": resources,
-            "env": env or [],
-        }
-        for s in statuses
-    ] or [{"name": "app", "image": image, "env": env or []}]
+    extra = container_specs or {}
+
+    def spec_of(status: dict[str, Any]) -> dict[str, Any]:
+        base = {"name": status["name"], "image": status["image"], "resources": resources, "env": env or []}
+        return {**base, **extra.get(status["name"], {})}
+
+    containers = [spec_of(s) for s in statuses] or [
+        {"name": "app", "image": image, "env": env or [], **extra.get("app", {})}
+    ]
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -453,22 +558,46 @@ def pod(
     if owner:
         meta["ownerReferences"] = [
             {
-                "apiVersion": "apps/v1",
+                "apiVersion": "batch/v1" if owner[0] in ("Job", "CronJob") else "apps/v1",
                 "kind": owner[0],
                 "name": owner[1],
                 "uid": f"uid-{owner[1]}",
                 "controller": True,
+                "blockOwnerDeletion": True,
             }
         ]
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "startTime": ts(120)}
     if statuses and phase != "Pending" or any("waiting" in s["state"] for s in statuses):
         status["containerStatuses"] = statuses
+    if init_statuses:
+        status["initContainerStatuses"] = init_statuses
     if reason:
         status["reason"] = reason
-    spec: dict[str, Any] = {"containers": containers, "restartPolicy": "Always"}
+    if message:
+        status["message"] = message
+    spec: dict[str, Any] = {
+        "containers": containers,
+        "restartPolicy": "Never" if owner and owner[0] == "Job" else "Always",
+        "serviceAccountName": "default",
+    }
+    if init_statuses:
+        spec["initContainers"] = [spec_of(s) for s in init_statuses]
+    if volumes:
+        spec["volumes"] = volumes
     if node:
         spec["nodeName"] = node
+        status["hostIP"] = _ip("10.0.0", node)
+        if phase in ("Running", "Succeeded", "Failed") and reason != "Evicted":
+            status["podIP"] = ip or _ip("10.244", f"{namespace}/{name}", octets=2)
+            status["podIPs"] = [{"ip": status["podIP"]}]
     return {"metadata": meta, "spec": spec, "status": status}
+
+
+def _ip(prefix: str, key: str, octets: int = 1) -> str:
+    """A stable made-up address under ``prefix`` for ``key``."""
+    digest = zlib.crc32(key.encode())
+    parts = [str((digest >> (8 * i)) % 250 + 2) for i in range(octets)]
+    return ".".join([prefix, *parts])
 
 
 def event(
@@ -502,10 +631,12 @@ def event(
     }
 
 
-def _template(image: str, labels: dict[str, str]) -> dict[str, Any]:
+def _template(image: str, labels: dict[str, str], spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pod template: one container ``app`` running ``image``, or the pod spec ``spec`` (real field
+    names: containers with resources, env, probes; volumes; initContainers)."""
     return {
         "metadata": {"labels": labels},
-        "spec": {"containers": [{"name": "app", "image": image}]},
+        "spec": spec if spec is not None else {"containers": [{"name": "app", "image": image}]},
     }
 
 
@@ -524,8 +655,11 @@ def deployment(
         "NewReplicaSetAvailable",
         "ReplicaSet has successfully progressed.",
     ),
+    template: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    labels = {"app": name}
+    """A Deployment; ``template``: its pod spec (default: one container running ``image``)."""
+    labels = labels or {"app": name}
     return {
         "metadata": {
             "name": name,
@@ -539,7 +673,7 @@ def deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": _template(image, labels),
+            "template": _template(image, labels, template),
             "strategy": {"type": "RollingUpdate"},
         },
         "status": {
@@ -586,11 +720,14 @@ def replicaset(
     ready: int = 0,
     minutes_ago: float = 60,
     change_cause: str | None = None,
+    template: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One revision of a Deployment; ``template``: its pod spec (default: one container, ``image``)."""
     annotations = {"deployment.kubernetes.io/revision": str(revision)}
     if change_cause:
         annotations["kubernetes.io/change-cause"] = change_cause
-    labels = {"app": deployment_name, "pod-template-hash": pod_hash}
+    labels = {**(labels or {"app": deployment_name}), "pod-template-hash": pod_hash}
     return {
         "metadata": {
             "name": f"{deployment_name}-{pod_hash}",
@@ -612,7 +749,7 @@ def replicaset(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": _template(image, labels),
+            "template": _template(image, labels, template),
         },
         "status": {"replicas": replicas, "readyReplicas": ready, "availableReplicas": ready},
     }
@@ -627,16 +764,23 @@ def statefulset(
     current_revision: str = "1",
     update_revision: str = "1",
     image: str = "registry.example.com/db:15.4",
+    template: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    volume_claims: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    labels = {"app": name}
+    """A StatefulSet; ``template``: its pod spec; ``volume_claims``: its volumeClaimTemplates."""
+    labels = labels or {"app": name}
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "serviceName": name,
+        "selector": {"matchLabels": labels},
+        "template": _template(image, labels, template),
+    }
+    if volume_claims:
+        spec["volumeClaimTemplates"] = volume_claims
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "selector": {"matchLabels": labels},
-            "template": _template(image, labels),
-        },
+        "spec": spec,
         "status": {
             "replicas": replicas,
             "readyReplicas": ready,
@@ -656,8 +800,14 @@ def node(
     pressure: tuple[str, ...] = (),
     unschedulable: bool = False,
     taints: list[dict[str, str]] | None = None,
+    allocatable: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    conditions_extra: list[dict[str, Any]] | None = None,
+    not_ready_message: str = "Kubelet stopped posting node status.",
 ) -> dict[str, Any]:
-    conditions = []
+    """A Node; ``allocatable`` overrides cpu / memory / pods / ephemeral-storage; ``conditions_extra``
+    adds conditions as written (``NetworkUnavailable`` and the like)."""
+    conditions = list(conditions_extra or [])
     for kind, reason in (
         ("MemoryPressure", "KubeletHasInsufficientMemory"),
         ("DiskPressure", "KubeletHasDiskPressure"),
@@ -679,7 +829,7 @@ def node(
             "type": "Ready",
             "status": "True" if ready else "Unknown",
             "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-            "message": "kubelet is posting ready status" if ready else "Kubelet stopped posting node status.",
+            "message": "kubelet is posting ready status" if ready else not_ready_message,
             "lastHeartbeatTime": ts(1),
             "lastTransitionTime": ts(30),
         }
@@ -690,12 +840,26 @@ def node(
     if taints:
         spec["taints"] = taints
     return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "metadata": {
+            "name": name,
+            "uid": f"uid-node-{name}",
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})},
+        },
         "spec": spec,
         "status": {
             "conditions": conditions,
-            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "allocatable": {"cpu": "7910m", "memory": "30Gi", "pods": "110"},
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"},
+            "allocatable": {
+                "cpu": "7910m",
+                "memory": "30Gi",
+                "pods": "110",
+                "ephemeral-storage": "95Gi",
+                **(allocatable or {}),
+            },
+            "addresses": [
+                {"type": "InternalIP", "address": _ip("10.0.0", name)},
+                {"type": "Hostname", "address": name},
+            ],
             "nodeInfo": {
                 "architecture": "amd64",
                 "bootID": f"boot-{name}",
@@ -709,4 +873,384 @@ def node(
                 "systemUUID": f"uuid-{name}",
             },
         },
+    }
+
+
+def object_meta(name: str, namespace: str, kind: str, **fields: Any) -> dict[str, Any]:
+    """``metadata`` of a namespaced object: name, namespace, a uid made of them, created a day ago
+    (``fields`` add or replace keys: labels, annotations, generation, creationTimestamp ...)."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{kind}-{namespace}-{name}",
+        "creationTimestamp": ts(60 * 24),
+        **fields,
+    }
+
+
+def daemonset(
+    name: str,
+    namespace: str = "kube-system",
+    *,
+    desired: int = 3,
+    ready: int = 3,
+    updated: int | None = None,
+    image: str = "registry.example.com/agent:1.0.0",
+    template: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A DaemonSet with ``desired`` scheduled pods, ``ready`` of them ready."""
+    labels = labels or {"app": name}
+    return {
+        "metadata": object_meta(name, namespace, "ds", labels=labels, generation=1),
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": _template(image, labels, template),
+            "updateStrategy": {"type": "RollingUpdate"},
+        },
+        "status": {
+            "currentNumberScheduled": desired,
+            "desiredNumberScheduled": desired,
+            "numberReady": ready,
+            "numberAvailable": ready,
+            "updatedNumberScheduled": desired if updated is None else updated,
+            "numberMisscheduled": 0,
+            **({"numberUnavailable": desired - ready} if ready < desired else {}),
+            "observedGeneration": 1,
+        },
+    }
+
+
+def service(
+    name: str,
+    namespace: str = "payments",
+    *,
+    selector: dict[str, str] | None = None,
+    ports: list[int | dict[str, Any]] | None = None,
+    type_: str = "ClusterIP",
+    cluster_ip: str | None = None,
+    external_name: str | None = None,
+) -> dict[str, Any]:
+    """A Service selecting ``selector`` (default ``app: name``; ``{}``: none) on ``ports``."""
+    spec: dict[str, Any] = {"type": type_}
+    if type_ == "ExternalName":
+        spec["externalName"] = external_name or f"{name}.example.com"
+    else:
+        spec["clusterIP"] = cluster_ip or _ip("10.96", f"{namespace}/{name}", octets=2)
+        spec["clusterIPs"] = [spec["clusterIP"]]
+        spec["selector"] = {"app": name} if selector is None else selector
+        spec["ports"] = [
+            p
+            if isinstance(p, dict)
+            else {"name": f"port-{p}", "port": int(p), "targetPort": int(p), "protocol": "TCP"}
+            for p in (ports or [80])
+        ]
+        if not spec["selector"]:
+            del spec["selector"]
+    meta = object_meta(name, namespace, "svc", labels={"app": name}, creationTimestamp=ts(60 * 24 * 30))
+    return {"metadata": meta, "spec": spec, "status": {"loadBalancer": {}}}
+
+
+def endpoint_slice(svc: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The EndpointSlice the controller keeps for ``svc``: one endpoint per selected pod that has an
+    address (ready or not), with its node and a reference to the pod."""
+    meta, spec = svc["metadata"], svc["spec"]
+    selector = spec.get("selector") or {}
+    endpoints = []
+    for p in pods:
+        labels = p["metadata"].get("labels") or {}
+        ip = p.get("status", {}).get("podIP")
+        if p["metadata"]["namespace"] != meta["namespace"] or not ip:
+            continue
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or []
+        )
+        endpoints.append(
+            {
+                "addresses": [ip],
+                "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                "nodeName": p["spec"].get("nodeName"),
+                "targetRef": {
+                    "kind": "Pod",
+                    "namespace": meta["namespace"],
+                    "name": p["metadata"]["name"],
+                    "uid": p["metadata"]["uid"],
+                },
+            }
+        )
+    return {
+        "metadata": {
+            "name": f"{meta['name']}-{zlib.crc32(meta['name'].encode()) % 100000:05d}",
+            "namespace": meta["namespace"],
+            "labels": {
+                _SERVICE_NAME_LABEL: meta["name"],
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Service", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [
+            {"name": p.get("name", ""), "port": int(p.get("targetPort", p["port"])), "protocol": "TCP"}
+            for p in spec.get("ports", [])
+        ],
+    }
+
+
+def config_map(
+    name: str, namespace: str = "payments", *, data: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A ConfigMap with ``data``."""
+    return {"metadata": object_meta(name, namespace, "cm"), "data": dict(data or {})}
+
+
+def secret(
+    name: str, namespace: str = "payments", *, keys: list[str] | None = None, type_: str = "Opaque"
+) -> dict[str, Any]:
+    """A Secret with ``keys``; each value is a planted marker (``SECRET-VALUE-<key>``, base64) that
+    must never reach a prompt: opsbot never reads Secrets."""
+    return {
+        "metadata": object_meta(name, namespace, "secret"),
+        "type": type_,
+        "data": {k: base64.b64encode(f"SECRET-VALUE-{k}".encode()).decode() for k in keys or []},
+    }
+
+
+def persistent_volume_claim(
+    name: str,
+    namespace: str = "payments",
+    *,
+    storage_class: str | None = "standard",
+    size: str = "10Gi",
+    phase: str = "Bound",
+    volume: str | None = None,
+    access_modes: list[str] | None = None,
+) -> dict[str, Any]:
+    """A PVC; ``Bound`` ones name their volume (default ``pvc-<uid>``)."""
+    uid = f"{zlib.crc32(f'{namespace}/{name}'.encode()):08x}-0000-4000-8000-000000000000"
+    spec: dict[str, Any] = {
+        "accessModes": access_modes or ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": size}},
+        "volumeMode": "Filesystem",
+    }
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    status: dict[str, Any] = {"phase": phase}
+    if phase == "Bound":
+        spec["volumeName"] = volume or f"pvc-{uid}"
+        status.update({"accessModes": spec["accessModes"], "capacity": {"storage": size}})
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "creationTimestamp": ts(60)},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def persistent_volume(
+    name: str,
+    *,
+    claim: tuple[str, str] | None = None,
+    storage_class: str | None = "standard",
+    size: str = "10Gi",
+    phase: str = "Bound",
+    driver: str = "ebs.csi.aws.com",
+    node_affinity_zone: str | None = None,
+) -> dict[str, Any]:
+    """A CSI PersistentVolume, bound to ``claim`` (namespace, name) when given."""
+    spec: dict[str, Any] = {
+        "capacity": {"storage": size},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "csi": {"driver": driver, "volumeHandle": f"vol-{zlib.crc32(name.encode()):08x}", "fsType": "ext4"},
+        "volumeMode": "Filesystem",
+    }
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    if claim is not None:
+        spec["claimRef"] = {"kind": "PersistentVolumeClaim", "namespace": claim[0], "name": claim[1]}
+    if node_affinity_zone:
+        spec["nodeAffinity"] = {
+            "required": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "topology.kubernetes.io/zone",
+                                "operator": "In",
+                                "values": [node_affinity_zone],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    return {"metadata": {"name": name, "uid": f"uid-pv-{name}"}, "spec": spec, "status": {"phase": phase}}
+
+
+def storage_class(
+    name: str,
+    *,
+    provisioner: str = "ebs.csi.aws.com",
+    parameters: dict[str, str] | None = None,
+    binding_mode: str = "WaitForFirstConsumer",
+    default: bool = False,
+) -> dict[str, Any]:
+    """A StorageClass."""
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if default else {}
+    return {
+        "metadata": {"name": name, "uid": f"uid-sc-{name}", "annotations": annotations},
+        "provisioner": provisioner,
+        "parameters": dict(parameters or {}),
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": binding_mode,
+        "allowVolumeExpansion": True,
+    }
+
+
+def horizontal_pod_autoscaler(
+    name: str,
+    namespace: str = "payments",
+    *,
+    target: tuple[str, str] | None = None,
+    min_replicas: int = 2,
+    max_replicas: int = 10,
+    current_replicas: int = 2,
+    desired_replicas: int | None = None,
+    cpu_target: int = 70,
+    cpu_current: int | None = 40,
+    conditions: list[tuple[str, str, str, str]] | None = None,
+) -> dict[str, Any]:
+    """An autoscaling/v2 HPA on CPU utilization of ``target`` (kind, name; default the Deployment
+    ``name``); ``conditions``: (type, status, reason, message)."""
+    kind, target_name = target or ("Deployment", name)
+    metrics = []
+    if cpu_current is not None:
+        metrics.append(
+            {
+                "type": "Resource",
+                "resource": {"name": "cpu", "current": {"averageUtilization": cpu_current}},
+            }
+        )
+    return {
+        "metadata": object_meta(name, namespace, "hpa"),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": kind, "name": target_name},
+            "minReplicas": min_replicas,
+            "maxReplicas": max_replicas,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": cpu_target},
+                    },
+                }
+            ],
+        },
+        "status": {
+            "currentReplicas": current_replicas,
+            "desiredReplicas": current_replicas if desired_replicas is None else desired_replicas,
+            "currentMetrics": metrics,
+            "conditions": [
+                {"type": t, "status": st, "reason": r, "message": m, "lastTransitionTime": ts(20)}
+                for t, st, r, m in conditions or []
+            ],
+        },
+    }
+
+
+def cronjob(
+    name: str,
+    namespace: str = "payments",
+    *,
+    schedule: str = "0 2 * * *",
+    last_schedule_minutes_ago: float | None = 60,
+    last_success_minutes_ago: float | None = None,
+    suspend: bool = False,
+    active: list[str] | None = None,
+    image: str = "registry.example.com/job:1.0.0",
+    template: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A batch/v1 CronJob."""
+    status: dict[str, Any] = {}
+    if last_schedule_minutes_ago is not None:
+        status["lastScheduleTime"] = ts(last_schedule_minutes_ago)
+    if last_success_minutes_ago is not None:
+        status["lastSuccessfulTime"] = ts(last_success_minutes_ago)
+    if active:
+        status["active"] = [
+            {"kind": "Job", "namespace": namespace, "name": j, "apiVersion": "batch/v1"} for j in active
+        ]
+    pod_spec = template or {"containers": [{"name": "job", "image": image}], "restartPolicy": "Never"}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {
+            "schedule": schedule,
+            "suspend": suspend,
+            "concurrencyPolicy": "Forbid",
+            "jobTemplate": {"spec": {"backoffLimit": 3, "template": {"spec": pod_spec}}},
+        },
+        "status": status,
+    }
+
+
+def job(
+    name: str,
+    namespace: str = "payments",
+    *,
+    cronjob_name: str | None = None,
+    succeeded: int = 0,
+    failed: int = 0,
+    active: int = 0,
+    backoff_limit: int = 3,
+    condition: tuple[str, str, str] | None = None,
+    minutes_ago: float = 30,
+    image: str = "registry.example.com/job:1.0.0",
+) -> dict[str, Any]:
+    """A batch/v1 Job (of the CronJob ``cronjob_name`` when given); ``condition``: (type, reason,
+    message) such as ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}",
+        "creationTimestamp": ts(minutes_ago),
+        "labels": {"job-name": name},
+    }
+    if cronjob_name:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "CronJob",
+                "name": cronjob_name,
+                "uid": f"uid-{cronjob_name}",
+                "controller": True,
+            }
+        ]
+    status: dict[str, Any] = {"startTime": ts(minutes_ago)}
+    for key, value in (("succeeded", succeeded), ("failed", failed), ("active", active)):
+        if value:
+            status[key] = value
+    if condition:
+        status["conditions"] = [
+            {
+                "type": condition[0],
+                "status": "True",
+                "reason": condition[1],
+                "message": condition[2],
+                "lastTransitionTime": ts(max(0.0, minutes_ago - 5)),
+            }
+        ]
+    return {
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "completions": 1,
+            "parallelism": 1,
+            "template": {"spec": {"containers": [{"name": "job", "image": image}], "restartPolicy": "Never"}},
+        },
+        "status": status,
     }

@@ -14,6 +14,9 @@ Routes: ``GET|POST /api/v1/query``, ``/api/v1/query_range``, ``GET /api/v1/alert
 
 from __future__ import annotations
 
+import asyncio
+import json
+import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -22,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
+_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^}]*)\}")
 _BARE_METRIC = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:[=!<>]|$)")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 
@@ -70,6 +73,8 @@ def selected(promql: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
         (name, [(k, op, _unescape(v)) for k, op, v in _MATCHER.findall(body)])
         for name, body in _SELECTOR.findall(promql)
         if name not in ("by", "without", "on", "ignoring", "group_left", "group_right")
+        # A bare {...} selects by its __name__ matcher ({__name__=~"a|b", pod="x"}).
+        and (name or "__name__" in body)
     ]
     if not found:
         bare = _BARE_METRIC.match(promql)
@@ -86,6 +91,8 @@ class PrometheusSnapshotServer:
     alerts: list[Alert] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     """Every query asked (PromQL, or the path for alerts and rules), for the report and tests."""
+    latency_s: tuple[float, float] = (0.0, 0.0)
+    """Every answer waits a uniformly drawn time in this range first (for ``bench/context_bench.py``)."""
     url: str = ""
     _runner: web.AppRunner | None = None
 
@@ -98,15 +105,30 @@ class PrometheusSnapshotServer:
         name, matchers = selectors[0]
         out = []
         for s in self.series:
-            if s.metric != name:
+            if name and s.metric != name:
+                continue
+            if not all(_matches(op, v, s.metric) for k, op, v in matchers if k == "__name__"):
                 continue
             if all(_matches(op, v, s.labels[k]) for k, op, v in matchers if k in s.labels):
                 out.append(s)
         return out
 
+    def state_text(self) -> str:
+        """Every recorded series (labels and values) and alert, as one text (see
+        :mod:`bot.eval.evidence`)."""
+        lines = [
+            f"{s.metric}{json.dumps(dict(s.labels), sort_keys=True)} {' '.join(_fmt(v) for v in s.values)}"
+            for s in self.series
+        ]
+        lines += [
+            json.dumps({"labels": dict(a.labels), "annotations": dict(a.annotations)}, sort_keys=True)
+            for a in self.alerts
+        ]
+        return "\n".join(lines)
+
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application()
+        app = web.Application(middlewares=[self._latency])
         for path, handler in (("/api/v1/query", self._query), ("/api/v1/query_range", self._query_range)):
             app.router.add_get(path, handler)
             app.router.add_post(path, handler)
@@ -114,6 +136,13 @@ class PrometheusSnapshotServer:
         app.router.add_get("/api/v1/rules", self._rules)
         app.router.add_get("/-/ready", self._ready)
         return app
+
+    @web.middleware
+    async def _latency(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.latency_s[1] > 0:
+            await asyncio.sleep(random.uniform(*self.latency_s))
+        result: web.StreamResponse = await handler(request)
+        return result
 
     async def start(self) -> str:
         """Serve on a free port of 127.0.0.1; returns the base URL."""
@@ -210,7 +239,7 @@ class PrometheusSnapshotServer:
 
 def _result_labels(series: Series, promql: str) -> dict[str, str]:
     labels = dict(series.labels)
-    if "(" not in promql:  # aggregations and functions drop __name__ from results, as Prometheus does
+    if "(" not in promql.split("{", 1)[0]:  # aggregations and functions drop __name__, as Prometheus does
         labels["__name__"] = series.metric
     return labels
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import __version__
+from bot.eval import evidence
 from bot.eval.runner import CaseResult
 from bot.store.records import percentile
 
@@ -93,11 +94,31 @@ def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
         "hallucinated_objects": sum(len(s.hallucinated) for s in scored),
         "cases_with_hallucination": sum(bool(s.hallucinated) for s in scored),
         "passed": _rate([s.passed for s in scored]),
-        "invalid_cases": [r.case_id for r in results if r.not_in_context],
+        "evidence_recall": _rate([evidence.recalled(r.evidence) for r in results]),
+        "gathering_misses": _missed(results, evidence.NOT_GATHERED),
+        "budget_misses": _missed(results, evidence.CUT),
+        "fact_sources": _fact_sources(results),
+        "invalid_cases": _missed(results, evidence.NOT_SERVED),
         "ttft_ms": _spread([r.ttft_ms for r in results if r.ttft_ms is not None]),
         "e2e_ms": _spread([r.e2e_ms for r in results if r.e2e_ms is not None]),
         "output_tokens": sum(r.output_tokens for r in results),
     }
+
+
+def _missed(results: Sequence[CaseResult], kind: str) -> list[str]:
+    """Cases whose worst evidence miss is ``kind``."""
+    return [r.case_id for r in results if evidence.miss(r.evidence) == kind]
+
+
+def _fact_sources(results: Sequence[CaseResult]) -> dict[str, int]:
+    """How many decisive facts each source supplied (its block's source, before the colon)."""
+    counts: dict[str, int] = {}
+    for result in results:
+        for fact in result.evidence:
+            if fact.source is not None:
+                source = fact.source.split(":", 1)[0]
+                counts[source] = counts.get(source, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def case_dict(result: CaseResult) -> dict[str, Any]:
@@ -111,6 +132,8 @@ def case_dict(result: CaseResult) -> dict[str, Any]:
         "error": result.error,
         "score": result.score.as_dict() if result.score is not None else None,
         "not_in_context": result.not_in_context,
+        "evidence_recalled": evidence.recalled(result.evidence),
+        "evidence": [f.as_dict() for f in result.evidence],
         "ttft_ms": result.ttft_ms,
         "tpot_ms": result.tpot_ms,
         "e2e_ms": result.e2e_ms,
@@ -166,7 +189,8 @@ def summary_line(report: Mapping[str, Any]) -> str:
     e2e = t["e2e_ms"]["p50"]
     return (
         f"eval: {t['cases']} cases on {e.get('backend')}/{e.get('model_name') or e.get('model')}{quant}: "
-        f"{t['answered']} answered, object named {_frac(t['object_named'])}, "
+        f"{t['answered']} answered, evidence recall {_frac(t['evidence_recall'])}, "
+        f"object named {_frac(t['object_named'])}, "
         f"reason named {_frac(t['reason_named'])}, "
         f"numbers exact {t['numbers_found']}/{t['numbers_expected']}, "
         f"{t['hallucinated_objects']} hallucinated objects in {t['cases_with_hallucination']} cases, "
@@ -198,6 +222,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "| measure | result |",
         "|---|---|",
         f"| answered (status ok) | {t['answered']}/{t['cases']} |",
+        f"| evidence recall (every decisive fact in the prompt) | {_frac(t['evidence_recall'])} |",
+        f"| gathering misses (in the served state, never gathered) | {_ids(t['gathering_misses'])} |",
+        f"| budget misses (gathered, cut by the budget) | {_ids(t['budget_misses'])} |",
+        "| facts by source | " + (", ".join(f"{k} {v}" for k, v in t["fact_sources"].items()) or "–") + " |",
         f"| failing object named | {_frac(t['object_named'])} |",
         f"| reason named | {_frac(t['reason_named'])} |",
         f"| numbers exact (cases with all right) | {_frac(t['numbers_exact'])} |",
@@ -213,22 +241,23 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ]
     if t["invalid_cases"]:
         lines += [
-            "Cases whose expectations the prompt did not show (fix the case): "
+            "Cases that expect a fact their own served state does not hold (fix the case): "
             + ", ".join(t["invalid_cases"]),
             "",
         ]
     lines += [
         "## Per case",
         "",
-        "| case | scenario | status | object | reason | numbers | hallucinated | TTFT | e2e |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| case | scenario | status | evidence | object | reason | numbers | hallucinated | TTFT | e2e |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in report["cases"]:
         s = c["score"] or {}
         numbers = f"{s['numbers_found']}/{s['numbers_expected']}" if s else "–"
         halluc = ", ".join(s.get("hallucinated") or []) or "–"
         lines.append(
-            f"| {c['id']} | {c['scenario'] or '–'} | {c['status']} | {_mark(s.get('object_named'))} | "
+            f"| {c['id']} | {c['scenario'] or '–'} | {c['status']} | {_evidence_cell(c['evidence'])} | "
+            f"{_mark(s.get('object_named'))} | "
             f"{_mark(s.get('reason_named'))} | {numbers} | {_cell(halluc)} | {_ms(c['ttft_ms'])} | "
             f"{_ms(c['e2e_ms'])} |"
         )
@@ -247,12 +276,35 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             lines.append(f"- error: {_cell(c['error'])}")
         if missed:
             lines.append(f"- missing: {_cell('; '.join(missed))}")
-        if c["not_in_context"]:
-            lines.append(f"- not in the prompt (case problem): {_cell('; '.join(c['not_in_context']))}")
+        for fact in c["evidence"]:
+            where = (
+                f"from {', '.join(fact['sources'])}"
+                if fact["status"] == evidence.IN_PROMPT
+                else _MISS_TEXT[fact["status"]]
+            )
+            lines.append(f"- evidence {' / '.join(fact['wanted'])}: {_cell(where)}")
         answer = c["answer"] or ""
         excerpt = answer[:600] + (" …" if len(answer) > 600 else "")
         lines += ["", "> " + "\n> ".join(excerpt.splitlines() or ["(no answer)"]), ""]
     return "\n".join(lines) + "\n"
+
+
+_MISS_TEXT = {
+    evidence.CUT: "MISSED: gathered, cut by the budget",
+    evidence.NOT_GATHERED: "MISSED: in the served state, never gathered",
+    evidence.NOT_SERVED: "not in the served state either (case problem)",
+}
+
+
+def _ids(ids: Sequence[str]) -> str:
+    return f"{len(ids)}: {', '.join(ids)}" if ids else "0"
+
+
+def _evidence_cell(facts: Sequence[Mapping[str, Any]]) -> str:
+    if not facts:
+        return "–"
+    hits = sum(f["status"] == evidence.IN_PROMPT for f in facts)
+    return f"{hits}/{len(facts)}"
 
 
 def case_line(index: int, total: int, result: CaseResult) -> str:
@@ -264,6 +316,7 @@ def case_line(index: int, total: int, result: CaseResult) -> str:
         verdict = (
             f"object {_mark(s.object_named)}, reason {_mark(s.reason_named)}, "
             f"numbers {sum(c.ok for c in s.numbers)}/{len(s.numbers)}, "
+            f"evidence {_evidence_cell([f.as_dict() for f in result.evidence])}, "
             f"hallucinated {len(s.hallucinated)}"
         )
     latency = f"TTFT {_ms(result.ttft_ms)} · e2e {_ms(result.e2e_ms)}"

@@ -26,6 +26,7 @@ from bot.context.base import ContextBundle
 from bot.context.gatherer import ContextGatherer
 from bot.context.scope import ChannelRef
 from bot.eval.cases import EvalCase
+from bot.eval.evidence import FactEvidence, served_text, trace
 from bot.eval.scorer import Score, missing_from_context, score
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
@@ -37,6 +38,7 @@ from inference.engine import (
     Engine,
     GenerationEvent,
     GenerationRequest,
+    GenerationResult,
     WrappedEngine,
 )
 from inference.scenarios import ALERT_SUMMARY, ScenarioRegistry
@@ -47,14 +49,20 @@ PLATFORM = "eval"
 
 
 class PromptTap(WrappedEngine):
-    """The configured engine, with the prompt of every request kept (the eval reads what reached it)."""
+    """The configured engine, with the prompt of every request kept (the eval reads what reached it);
+    with ``answer=False`` the engine is never asked (``--evidence-only``): every answer is empty."""
 
-    def __init__(self, inner: Engine) -> None:
+    def __init__(self, inner: Engine, *, answer: bool = True) -> None:
         super().__init__(inner)
         self.prompts: dict[str, list[ChatMessage]] = {}
+        self.answer = answer
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         self.prompts[request.request_id] = list(request.messages or [])
+        if not self.answer:
+            prompt_tokens = len(request.prompt_token_ids or [])
+            yield GenerationResult(request.request_id, "", "length", prompt_tokens, 0, 0, 0.0, 0.0, None, 0.0)
+            return
         async for event in self.inner.generate(request):
             yield event
 
@@ -110,6 +118,26 @@ class CaptureAdapter(ChatAdapter):
         self.notices.setdefault(message.request_id, []).append(text)
 
 
+class TappedGatherer(ContextGatherer):
+    """A gatherer that keeps every bundle it returns (the context before the budget fitted it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bundles: list[ContextBundle] = []
+
+    async def gather(
+        self,
+        question: str,
+        *,
+        scenario: str,
+        alert: Mapping[str, Any] | None = None,
+        channel: ChannelRef | None = None,
+    ) -> ContextBundle:
+        bundle = await super().gather(question, scenario=scenario, alert=alert, channel=channel)
+        self.bundles.append(bundle)
+        return bundle
+
+
 class ReplayGatherer(ContextGatherer):
     """Gives every question the stored bundle of a replayed request instead of asking a cluster."""
 
@@ -152,7 +180,9 @@ class CaseResult:
     sources: list[str] = field(default_factory=list)
     """What each context source gave (``Kubernetes ok``, ``Prometheus failed``)."""
     not_in_context: list[str] = field(default_factory=list)
-    """Expected objects or numbers the prompt never showed: the case, not the model, is wrong."""
+    """Expected objects or numbers the prompt never showed (why: ``evidence``)."""
+    evidence: list[FactEvidence] = field(default_factory=list)
+    """Each decisive fact: whether it reached the prompt, from which source, or where it was lost."""
     request_id: str = ""
     prompt: str = ""
     """The prompt's last user turn (kept in the JSON report for reading a case)."""
@@ -206,7 +236,8 @@ class EvalRunner:
             if prom is not None:
                 await prom.start()
             gatherer = self._gatherer(case, kube, prom)
-            return await self._answer(case, gatherer)
+            served = served_text(kube, prom) if case.replay is None else None
+            return await self._answer(case, gatherer, served)
         except Exception as exc:  # a case's own servers or state failed: report it, run the rest
             logger.exception("eval case %s failed to run", case.id)
             return CaseResult(case.id, case.title, case.source, case.scenario, "case_error", error=str(exc))
@@ -246,9 +277,9 @@ class EvalRunner:
             update["prometheus"] = base.prometheus.model_copy(
                 update={"enabled": True, "url": prom.url, "bearer_token": None}
             )
-        return ContextGatherer.from_settings(base.model_copy(update=update))
+        return TappedGatherer.from_settings(base.model_copy(update=update))
 
-    async def _answer(self, case: EvalCase, gatherer: ContextGatherer) -> CaseResult:
+    async def _answer(self, case: EvalCase, gatherer: ContextGatherer, served: str | None) -> CaseResult:
         pipeline = Pipeline(
             engine=self.engine,
             store=self.store,
@@ -280,6 +311,10 @@ class EvalRunner:
             context_chars=len(prompt),
             sources=[f"{n.name} {n.status}" for n in (reply.sources if reply else [])],
         )
+        # The whole prompt counts as context: the system prompt names no objects, the question may.
+        context = "\n".join(m.content for m in prompt_messages)
+        result.evidence = trace(case.expect, context, _gathered(gatherer), served)
+        result.not_in_context = missing_from_context(case.expect, context)
         if record is None or final is None:
             result.error = " / ".join(adapter.notices.get(message.request_id, [])) or "no answer"
             return result
@@ -290,10 +325,7 @@ class EvalRunner:
         result.tpot_ms = record.tpot_ms
         result.prompt_tokens = record.prompt_tokens
         result.output_tokens = record.output_tokens
-        # The whole prompt counts as context: the system prompt names no objects, the question may.
-        context = "\n".join(m.content for m in prompt_messages)
         result.score = score(result.answer, case.expect, context)
-        result.not_in_context = missing_from_context(case.expect, context)
         return result
 
     async def _message(self, case: EvalCase) -> IncomingMessage:
@@ -339,6 +371,17 @@ class EvalRunner:
             message_id=f"{case_key}-q" if thread_id else None,
             scenario=case.scenario,
         )
+
+
+def _gathered(gatherer: ContextGatherer) -> str:
+    """Every section the gatherer returned, before the budget fitted them, as one text."""
+    if isinstance(gatherer, TappedGatherer):
+        bundles = gatherer.bundles
+    elif isinstance(gatherer, ReplayGatherer):
+        bundles = [gatherer.bundle]
+    else:
+        bundles = []
+    return "\n".join(f"{s.title}\n{s.body}" for b in bundles for s in b.sections)
 
 
 def scenario_overrides(settings: Settings, max_tokens: int | None) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 The row's ``replay_inputs`` column holds one JSON document: the question (redacted, as the pipeline
 answered it), asker, scenario, the answer's token limit, a hash of the system prompt, the stored
-thread turns it saw and the redacted context bundle (every section with its source, title, body,
+thread turns it saw and the redacted context bundle (every section with its source, title, body, line ranks,
 priority and how the budget may cut it, the footer's source notes and the scope). The bundle is kept
 whole, before the prompt budget cut it, so a replay on a model with a larger window sees all of it;
 bodies beyond :data:`MAX_CONTEXT_CHARS` in total are cut (the document says how many characters).
@@ -41,9 +41,12 @@ def bundle_to_dict(bundle: ContextBundle | None) -> dict[str, Any]:
     cut = 0
     for s in bundle.sections:
         body = redact(s.body)
+        ranks = s.line_ranks()
         if len(body) > room:
             cut += len(body) - room
             body = body[len(body) - room :] if s.drop_from == "start" else body[:room]
+            kept = len(body.splitlines())
+            ranks = ranks[len(ranks) - kept :] if s.drop_from == "start" else ranks[:kept]
         room -= len(body)
         sections.append(
             {
@@ -53,6 +56,8 @@ def bundle_to_dict(bundle: ContextBundle | None) -> dict[str, Any]:
                 "priority": s.priority,
                 "unit": s.unit,
                 "drop_from": s.drop_from,
+                # The budget keeps lines by rank: a replay must rank them as the answer did.
+                "ranks": ranks,
             }
         )
     out: dict[str, Any] = {
@@ -85,6 +90,7 @@ def bundle_from_dict(data: dict[str, Any]) -> ContextBundle:
             drop_from=s.get("drop_from", "start")
             if s.get("drop_from") in ("start", "end", "none")
             else "start",
+            ranks=tuple(int(r) for r in s["ranks"]) if isinstance(s.get("ranks"), list) else None,
         )
         for s in data.get("sections") or []
     ]

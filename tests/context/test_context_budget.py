@@ -82,3 +82,45 @@ def test_the_budget_is_measured_with_the_models_own_tokenizer(tiny_model):
     assert section_tokens(kept[0], tokenizer) <= budget
     assert kept[0].body.splitlines()[-1] == "line399 word"
     assert left_out and left_out[0].endswith("older log lines of payments/api/app")
+
+
+def _ranked(
+    title: str, priority: int, lines: list[tuple[str, int]], drop_from: str = "end"
+) -> ContextSection:
+    from bot.context.base import ranked_section
+
+    return ranked_section(
+        source="K", title=title, lines=lines, priority=priority, unit=f"{title} lines", drop_from=drop_from
+    )  # type: ignore[arg-type]
+
+
+def test_the_decisive_lines_of_every_section_are_kept_before_anything_lower_ranked():
+    pods = _ranked("Pods", 10, [("pod-0 crash", 0), *((f"pod-{i} other", 3) for i in range(1, 40))])
+    log = _ranked(
+        "Log",
+        30,
+        [*((f"info {i} x", 3) for i in range(50)), ("Caused by: db gone", 0), ("tail x", 2)],
+        "start",
+    )
+    room = 2 * (SECTION_OVERHEAD_TOKENS + 1) + 2 + 4 + 2 + 6
+    kept, left_out = fit_to_budget(_bundle(log, pods), WordTokenizer(), room)
+    bodies = {s.title: s.body.splitlines() for s in kept}
+    assert bodies["Pods"][0] == "pod-0 crash" and "Caused by: db gone" in bodies["Log"]
+    assert "tail x" in bodies["Log"] and len(bodies["Pods"]) < 5  # rank 2 before any rank 3
+    assert [s.title for s in kept] == ["Pods", "Log"]  # still in priority order
+    assert any(note.endswith("Pods lines") for note in left_out) and any("Log lines" in n for n in left_out)
+
+
+def test_repeats_are_folded_before_anything_is_cut():
+    from bot.context.budget import fold
+
+    log = _ranked("Log", 30, [("same", 2), ("same", 2), ("same", 0), ("other", 3)], "start")
+    (folded,) = fold([log])
+    assert folded.lines() == ["same [x3]", "other"] and folded.line_ranks() == [0, 3]
+    twin = _ranked("Log of b", 32, [("same", 2), ("same", 2), ("same", 0), ("other", 3)], "start")
+    (merged,) = fold([log, twin])
+    assert merged.title == "Log; same as Log of b"
+    shared = _ranked("Metrics", 22, [("error_rate 5%", 1), ("cpu 2", 2)])
+    derived = _ranked("Derived", 19, [("error_rate 5%", 0)])
+    out = fold([shared, derived])
+    assert [s.lines() for s in out] == [["cpu 2"], ["error_rate 5%"]]  # kept where it ranks best

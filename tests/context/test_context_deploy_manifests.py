@@ -30,11 +30,17 @@ def test_rbac_is_read_only_includes_pod_logs_and_never_secrets(name):
 
 
 def test_cluster_role_covers_every_call_the_kubernetes_provider_makes():
+    from bot.context.kube_read import RESOURCES
+
     (role,) = [d for d in _docs("rbac.yaml") if d["kind"] == "ClusterRole"]
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    needed = {("", "pods"), ("", "pods/log"), ("", "events"), ("", "nodes")}
-    needed |= {("apps", "deployments"), ("apps", "statefulsets"), ("apps", "replicasets")}
+    # Every resource the provider's reader knows (it reads no other), by API group, and pod logs.
+    needed = {("", "pods/log")}
+    for resource, (prefix, _) in RESOURCES.items():
+        group = "" if prefix == "/api/v1" else prefix.removeprefix("/apis/").split("/")[0]
+        needed.add((group, resource))
     assert needed <= granted
+    assert "secrets" not in RESOURCES and "configmaps" not in RESOURCES
 
 
 def test_the_deployment_asks_for_a_gpu_and_probes_healthz_and_readyz():

@@ -45,3 +45,28 @@ def test_alert_labels_give_the_entities_of_an_alert():
     assert found.deployments == ["api"] and found.containers == ["app"]
     merged = extract("and node worker-2?", payload)
     assert merged.nodes == ["worker-2"] and merged.pods == ["api-7f9c8d6b5-x2x9q"]
+
+
+def test_a_short_kind_word_names_a_pod_and_a_bare_ordinal_is_a_candidate_name():
+    assert from_text("why is pod cache-0 not ready?").pods == ["cache-0"]
+    assert from_text("kafka-2 keeps restarting").names == ["kafka-2"]
+
+
+def test_alert_label_text_is_not_taken_for_a_namespace_deployment_or_service():
+    text = "Common labels: alertname=KubePodCrashLooping container=app namespace=shop service=search"
+    found = from_text(text)
+    assert found.namespaces == ["shop"]
+    assert found.deployments == found.services == []
+    assert from_text("container=kube-state-metrics deployment=mailer").deployments == []
+
+
+def test_a_plural_kind_word_takes_only_a_name_like_word_and_states_are_not_alert_names():
+    assert from_text("lots of services fail DNS lookups").services == []
+    assert from_text("pods on node worker-2 are evicted").nodes == ["worker-2"]
+    assert from_text("pod web-1 is stuck in ContainerCreating").alert_names == []
+
+
+def test_plain_words_that_may_name_something_are_kept_for_matching_and_common_words_are_not():
+    found = from_text("payments is down!! whats up with the chekout pods?")
+    assert found.words == ["payments", "chekout"]
+    assert not found.has_objects()  # words are matched against the cluster, not trusted as names

@@ -45,7 +45,7 @@ async def test_rca_about_a_crash_looping_pod_gathers_status_events_and_log_tail_
     text = "\n".join(f"{s.title}\n{s.body}" for s in bundle.sections)
     assert "CrashLoopBackOff" in text and "BackOff x31" in text and "exiting (exit code 1)" in text
     notes = {n.name: n for n in bundle.notes}
-    assert notes["Kubernetes"].status == "ok" and "Log tail" in notes["Kubernetes"].detail
+    assert notes["Kubernetes"].status == "ok" and "Log of" in notes["Kubernetes"].detail
     # The provider pointed at a dead address is a note, not a failure of the whole answer.
     assert notes["Prometheus"].status == "failed"
     assert notes["Prometheus"].detail.startswith(f"Prometheus failed at {dead}: ")
@@ -85,7 +85,7 @@ async def test_a_burst_of_questions_about_one_incident_asks_the_api_once(kubecon
         await gatherer.gather(question, scenario="root_cause")  # cached
     finally:
         await gatherer.close()
-    pod_lists = [r for r in fake_k8s.requests if r.split("?")[0] == "GET /api/v1/namespaces/payments/pods"]
+    pod_lists = [r for r in fake_k8s.requests if r.split("?")[0].endswith("/pods")]
     assert len(pod_lists) == 1
     assert all(b.sections == bundles[0].sections for b in bundles)
 

@@ -38,12 +38,16 @@ async def test_a_crash_looping_pod_yields_its_status_events_and_both_log_tails(k
     )
     events = _by_title(result, "Warning events")
     assert "BackOff x31" in events.body and events.drop_from == "start"
-    previous = _by_title(result, "Log tail of payments/api-7f9c8d6b5-x2x9q/app (previous")
-    assert previous.body.splitlines()[-1].endswith("exiting (exit code 1)")
-    assert len(previous.body.splitlines()) == k8s_settings.log_tail_lines
-    current = _by_title(result, "Log tail of payments/api-7f9c8d6b5-x2x9q/app (current")
+    # The whole log is read and condensed: 200 alike request lines are one, the errors stay whole.
+    previous = _by_title(result, "Log of payments/api-7f9c8d6b5-x2x9q/app (previous")
+    lines = previous.body.splitlines()
+    assert lines[-1].endswith("exiting (exit code 1)") and "connection refused" in lines[-2]
+    assert len(lines) == 3 and "[x200 similar, last 2026-11-29T19:59:09Z]" in lines[0]
+    assert previous.ranks is not None and previous.ranks[-2] == 0
+    current = _by_title(result, "Log of payments/api-7f9c8d6b5-x2x9q/app (current")
     assert "starting api 2.4.1" in current.body
-    assert any("previous=true" in r.lower() and "tailLines=50" in r for r in fake_k8s.requests)
+    tail = f"tailLines={k8s_settings.log_tail_lines}"
+    assert any("previous=true" in r.lower() and tail in r for r in fake_k8s.requests)
     details = _by_title(result, "Pod details")
     assert "DB_PASSWORD=<from secret api-db key password>" in details.body
 
@@ -74,7 +78,7 @@ async def test_a_plain_question_gets_a_cluster_overview(k8s_settings):
         await provider.close()
     overview = _by_title(result, "Cluster overview (all namespaces): 7 pods, 5 not healthy")
     assert overview.body.splitlines()[0].startswith("payments: 3 pods")
-    workloads = _by_title(result, "Deployments and StatefulSets")
+    workloads = _by_title(result, "Workloads: rollout")
     assert "deployment payments/api" in workloads.body and "statefulset web/cache" in workloads.body
     assert "deployment payments/worker" not in workloads.body  # healthy ones are not listed
 
@@ -86,7 +90,7 @@ async def test_change_review_lists_rollout_status_and_recent_revisions_first(k8s
     finally:
         await provider.close()
     workloads = min(result.sections, key=lambda s: s.priority)
-    assert workloads.title.startswith("Deployments and StatefulSets")
+    assert workloads.title.startswith("Workloads: rollout")
     lines = workloads.body.splitlines()
     assert "ProgressDeadlineExceeded" in lines[0] and "rollout NOT complete" in lines[0]
     assert "revision 7" in lines[1] and "change-cause: deploy api 2.4.1" in lines[1]

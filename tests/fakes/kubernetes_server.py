@@ -10,16 +10,26 @@ from bot.eval.kube_api import (
     NOW,
     Fault,
     KubernetesSnapshotServer,
+    config_map,
     container_status,
+    cronjob,
+    daemonset,
     deployment,
     event,
+    horizontal_pod_autoscaler,
+    job,
     match_fields,
     match_labels,
     node,
+    persistent_volume,
+    persistent_volume_claim,
     pod,
     replicaset,
+    secret,
+    service,
     statefulset,
     status_object,
+    storage_class,
     terminated,
     ts,
 )
@@ -32,17 +42,27 @@ __all__ = [
     "NOW",
     "FakeKubernetes",
     "Fault",
+    "config_map",
     "container_status",
+    "cronjob",
+    "daemonset",
     "deployment",
     "event",
+    "horizontal_pod_autoscaler",
+    "job",
     "match_fields",
     "match_labels",
     "node",
+    "persistent_volume",
+    "persistent_volume_claim",
     "pod",
     "replicaset",
     "sample_cluster",
+    "secret",
+    "service",
     "statefulset",
     "status_object",
+    "storage_class",
     "terminated",
     "ts",
 ]
@@ -231,6 +251,15 @@ def sample_cluster() -> FakeKubernetes:
     fake.statefulsets = [
         statefulset("cache", "web", replicas=1, ready=0, current_revision="5c", update_revision="6d")
     ]
+    # What a real cluster also has: the Services in front of the pods (EndpointSlices follow them), a
+    # Secret the api pod references (never read), a claim, an autoscaler.
+    fake.services = [service("api", ports=[8080]), service("db", selector={"app": "db"}, ports=[5432])]
+    fake.secrets = [secret("api-db", keys=["password"])]
+    fake.persistentvolumeclaims = [
+        persistent_volume_claim("reports-data", phase="Pending", storage_class="gp3")
+    ]
+    fake.storageclasses = [storage_class("gp3")]
+    fake.horizontalpodautoscalers = [horizontal_pod_autoscaler("api", current_replicas=3, max_replicas=3)]
     fake.nodes = [
         node("worker-1"),
         node("worker-2", pressure=("MemoryPressure",)),

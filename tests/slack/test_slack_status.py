@@ -56,6 +56,17 @@ async def until(check: Any, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def command_notice(slack: FakeSlack, text: str) -> str:
+    """What ``/rca TEXT`` tells the person who typed it: on the command's ack when the pipeline's
+    answer came in time, else as an ephemeral message."""
+    env = await slack.deliver("slash_commands", slack.slash_command("C1", "U7", text))
+    await slack.wait_for(lambda: env.acked_at is not None)
+    if (env.ack_payload or {}).get("text"):
+        return str(env.ack_payload["text"])  # type: ignore[index]
+    await slack.wait_for(lambda: len(slack.ephemerals) == 1)
+    return str(slack.ephemerals[0]["text"])
+
+
 async def test_rca_status_shows_model_quantization_uptime_queues_kv_reuse_ttft_and_the_slo_state(
     slack: FakeSlack, opsbot: OpsBot
 ) -> None:
@@ -65,9 +76,7 @@ async def test_rca_status_shows_model_quantization_uptime_queues_kv_reuse_ttft_a
     assert opsbot.pipeline is not None
     await until(lambda: opsbot.pipeline is not None and opsbot.pipeline.in_flight == 0)
 
-    await slack.deliver("slash_commands", slack.slash_command("C1", "U7", "status"))
-    await slack.wait_for(lambda: len(slack.ephemerals) == 1)
-    text = slack.ephemerals[0]["text"]
+    text = await command_notice(slack, "status")
     lines = text.splitlines()
     assert lines[0].startswith("*opsbot status* — engine cpu, model `")
     assert "quantization none: ready, up " in lines[0]
@@ -121,9 +130,7 @@ async def test_a_breach_posts_one_warning_to_the_ops_channel_and_the_status_show
     )
     assert warning.thread_ts is None
 
-    await slack.deliver("slash_commands", slack.slash_command("C1", "U7", "status"))
-    await slack.wait_for(lambda: len(slack.ephemerals) == 1)
-    status = slack.ephemerals[0]["text"]
+    status = await command_notice(slack, "status")
     assert "SLO: BREACHED" in status and "urgent 4.00 s / 2.00 s" in status
     assert f"guard step {guard.max_level}/{guard.max_level}: background lane held to 4 in flight" in status
     assert len(slack.bot_messages(OPS)) == 1

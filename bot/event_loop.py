@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
+from bot.errors import OpsbotError
+
 logger = logging.getLogger(__name__)
 
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
@@ -25,7 +27,7 @@ EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
 T = TypeVar("T")
 
 
-class EventLoopUnavailable(RuntimeError):
+class EventLoopUnavailable(OpsbotError, RuntimeError):
     """``event_loop = "uvloop"`` on a machine without uvloop."""
 
 

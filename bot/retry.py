@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
+from bot.errors import OpsbotError
+
 RATE_LIMIT_MARGIN_S = (0.05, 0.25)
 _JITTER = random.Random()
 """The jitter of every budget without its own generator: one per process, since seeding a new
@@ -73,7 +75,7 @@ def until_deadline() -> Iterator[None]:
         _UNTIL_DEADLINE.reset(token)
 
 
-class RetriesExhausted(Exception):
+class RetriesExhausted(OpsbotError):
     """The policy says give up: ``max_retries`` failures, rate limited past ``patience_s``, or the
     next try would start past ``deadline_s`` (reported with the reason of the failure at hand).
 

@@ -8,6 +8,9 @@ Errors form a small tree::
 
     EngineError
     ├── EngineStartupError     start() failed: the message names the cause and the fix
+    │   └── QuantizationError       inference.quant: a model's quantization is not usable here
+    ├── UnknownScenarioError   inference.scenarios: no such scenario (a config or request error)
+    ├── UnknownEngineError     inference.engine_set: a scenario names an engine that does not exist
     ├── EngineGenerateError    one request failed; tell its user, carry on
     │   ├── EngineOverloadedError   admission refused (lane queue full / timed out)
     │   └── RequestAbortedError     aborted (user gone, shutdown)

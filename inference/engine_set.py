@@ -26,6 +26,7 @@ from inference.engine import (
     ChatMessage,
     ChatTokenizer,
     Engine,
+    EngineError,
     EngineHealth,
     EngineStats,
     GenerationEvent,
@@ -38,7 +39,7 @@ DEFAULT_ENGINE = "default"
 """The engine that answers every scenario the table does not name."""
 
 
-class UnknownEngineError(ValueError):
+class UnknownEngineError(EngineError, ValueError):
     """A scenario routed to an engine name the set does not hold."""
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.engine import EngineStartupError
+
 logger = logging.getLogger(__name__)
 
 # Canonical names are vLLM's ``quantization`` values for the checkpoint formats we know.
@@ -58,7 +60,7 @@ _MIN_CAPABILITY: dict[str, tuple[int, int]] = {
 }
 
 
-class QuantizationError(ValueError):
+class QuantizationError(EngineStartupError, ValueError):
     """The configured quantization cannot be used with this checkpoint or GPU; says the fix."""
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from inference.engine import SamplingSettings
+from inference.engine import EngineError, SamplingSettings
 
 ALERT_SUMMARY = "alert_summary"
 ROOT_CAUSE = "root_cause"
@@ -36,7 +36,7 @@ DEFAULT_PRESETS: dict[str, SamplingSettings] = {
 }
 
 
-class UnknownScenarioError(ValueError):
+class UnknownScenarioError(EngineError, ValueError):
     """A scenario name that is neither a preset nor configured."""
 
 

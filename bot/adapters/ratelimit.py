@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.config import RateLimit
+from bot.errors import OpsbotError
 from bot.metrics import RATE_BUDGET_PROBLEMS
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def release_when_done(permit: Permit) -> Callable[[asyncio.Future[Any]], None]:
     return _release
 
 
-class BudgetTimeout(Exception):
+class BudgetTimeout(OpsbotError):
     """No slot within the caller's ``max_wait_s`` (the call was not made)."""
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bot.context.base import ContextSection
+from bot.errors import OpsbotError
 from bot.redact import redact
 from bot.types import clean_text
 
@@ -28,7 +29,7 @@ SOURCE = "Alertmanager"
 _MAX_ALERTS_IN_TEXT = 20
 
 
-class PayloadError(ValueError):
+class PayloadError(OpsbotError, ValueError):
     """The webhook body is not an Alertmanager notification."""
 
 

@@ -39,6 +39,7 @@ from bot.context.base import (
     ranked_section,
 )
 from bot.context.entities import Entities
+from bot.errors import OpsbotError
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class _Followed:
     error: str | None = None
 
 
-class PrometheusError(Exception):
+class PrometheusError(OpsbotError):
     """Prometheus answered with an error (``errorType: error``) or could not be reached."""
 
 

@@ -32,6 +32,7 @@ import aiohttp
 
 from bot.config import RunbookSettings
 from bot.context.base import ContextProvider, ContextRequest, ContextSection, ProviderResult, ProviderStatus
+from bot.errors import OpsbotError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ _HEADINGS = re.compile(r"<h([1-6])\b[^>]*>", re.IGNORECASE)
 _TAGS = re.compile(r"<[^>]+>")
 
 
-class RunbookError(Exception):
+class RunbookError(OpsbotError):
     """A runbook could not be read (the message names where and why)."""
 
 

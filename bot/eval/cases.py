@@ -51,6 +51,7 @@ from typing import Any
 
 import yaml
 
+from bot.errors import OpsbotError
 from bot.eval import kube_api
 from bot.eval.prom_api import Alert, PrometheusSnapshotServer, Series
 
@@ -99,7 +100,7 @@ _CLUSTER_KEYS = {
 _EXPECT_KEYS = {"objects", "reasons", "numbers"}
 
 
-class CaseError(ValueError):
+class CaseError(OpsbotError, ValueError):
     """A case file cannot be read: names the file, the case and what is wrong."""
 
 

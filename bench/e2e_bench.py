@@ -1218,6 +1218,12 @@ def summarize(platform_run: dict[str, Any]) -> list[dict[str, Any]]:
         mine = [r for r in reqs if r["pattern"] == pattern]
         eps = sorted({r["episode"] for r in mine})
         windows = [s for s in steps if s["pattern"] == pattern]
+        for i, step in enumerate(windows, 1):
+            if "requests_in_window" not in step:  # before issue 40: count the episode's own and seeds
+                ep = step.get("episode", i)
+                step["requests_in_window"] = sum(
+                    1 for r in reqs if r["episode"] == ep and r["pattern"] in (pattern, f"{pattern}-seed")
+                )
         groups: list[tuple[int | str, list[dict[str, Any]], list[dict[str, Any]]]] = []
         for ep in eps:
             # results before issue 40 have no episode per step: the k-th step of a pattern is episode k

@@ -1165,7 +1165,9 @@ def _cpu_ns(step: dict[str, Any]) -> float:
 def cpu_cells(steps: Sequence[dict[str, Any]], idle: float) -> dict[str, Any]:
     """CPU of one or several windows of a pattern, pooled: the windows' CPU over the requests sent in
     them (an incident's window holds its seeds, its follow-ups and its urgent questions)."""
-    n = sum(s.get("requests_in_window", s["requests"]) for s in steps)
+    if not all("wall_s" in s for s in steps):  # a result without CPU readings
+        return {}
+    n = sum(s.get("requests_in_window", s.get("requests", 0)) for s in steps)
     wall = sum(s["wall_s"] for s in steps)
     if not n or not wall:
         return {}
@@ -1217,7 +1219,7 @@ def summarize(platform_run: dict[str, Any]) -> list[dict[str, Any]]:
     for pattern in dict.fromkeys(r["pattern"] for r in reqs):
         mine = [r for r in reqs if r["pattern"] == pattern]
         eps = sorted({r["episode"] for r in mine})
-        windows = [s for s in steps if s["pattern"] == pattern]
+        windows = [dict(s) for s in steps if s["pattern"] == pattern]  # copies: counts are added
         for i, step in enumerate(windows, 1):
             if "requests_in_window" not in step:  # before issue 40: count the episode's own and seeds
                 ep = step.get("episode", i)

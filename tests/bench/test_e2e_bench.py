@@ -48,7 +48,7 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "burst8: [####################] 8/8 answered" in done.stderr  # the progress bar
     report = json.loads(out.read_text())
-    assert {"date", "command", "cpu", "cores", "versions"} <= report["meta"].keys()
+    assert {"date", "command", "commit", "cpu", "cores", "versions"} <= report["meta"].keys()
     for run_ in report["runs"]:
         reqs = run_["requests"]
         assert len(reqs) == 8 and len({r["seq"] for r in reqs}) == 8
@@ -69,7 +69,13 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
     assert summary[("slack-http", "all")]["lost"] == 0 and summary[("mattermost", "all")]["duplicated"] == 0
     assert summary[("slack-http", "all")]["opsbot_cpu_ms_per_request"] > 0
     md = out.with_suffix(".md").read_text()
-    assert "| slack-http | burst8 | all | 8 | 0 | 0 |" in md
+    assert "| slack-http | burst8 | 1 | all | 8 | 0 | 0 |" in md
+    assert report["meta"]["commit"] != "unknown"  # provenance: the code the numbers are of
+    for run_ in report["runs"]:
+        (step,) = run_["patterns"]
+        # CPU from the kernel's ns clocks of every bot process, divided by the requests in the window
+        assert step["requests_in_window"] == 8 and step["opsbot_cpu_ns"] > 0
+        assert step["opsbot_cpu_ns"] == sum(step["opsbot_cpu_ns_by_pid"].values())
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     # --render redraws the same report from the JSON alone
     out.with_suffix(".md").unlink()
@@ -80,8 +86,9 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
 
 def test_the_sweep_keeps_the_highest_rate_without_loss_or_late_submits() -> None:
     def row(rate: int, lost: int, p99: float | None) -> dict[str, object]:
-        return {"platform": "slack-socket", "pattern": f"sweep{rate}", "kind": "all", "lost": lost,
-                "duplicated": 0, "submit_ms": {"p50": 1.0, "p99": p99, "n": 10}}  # fmt: skip
+        return {"platform": "slack-socket", "pattern": f"sweep{rate}", "episode": 1, "episodes": 1,
+                "kind": "all", "n": 10, "lost": lost, "duplicated": 0,
+                "submit_ms": {"p50": 1.0, "p99": p99, "n": 10}}  # fmt: skip
 
     verdict = sweep_verdict([row(25, 0, 3.0), row(50, 0, 9.0), row(100, 0, 400.0), row(150, 2, 2.0)], 100.0)
     assert verdict["slack-socket"]["sustained_per_s"] == 50

@@ -8,14 +8,19 @@
 #            its very prompt ids
 #   gpu      the whole `pytest -m gpu` in one run (gpu_tests.sh)
 #   openai   STEPS="openai4" workers.sh: the same bot, engine.backend = "openai" -> vllm serve
+#   fairK    issue 40's run K (K = 1, 2, 3, ...): RUN=K STEPS="4 raw openai4" workers.sh, the
+#            in-process bot, raw AsyncLLM on its prompt ids and the remote-server design (warmed
+#            alike, stream interval 8), each on a fresh engine; interleaved so that a session that
+#            runs out of device time still has like-for-like runs of all three
 # usage: bash bench/h200/background.sh start seq bash bench/h200/sequence.sh [STEP...]
-#        (default: workers gpu openai), then `background.sh wait seq 560` call after call
+#        (default: fair1 fair2 fair3), then `background.sh wait seq 560` call after call
+#        (issue 10's steps: workers gpu openai)
 set -uo pipefail
 rm -rf /tmp/seq && mkdir -p /tmp/seq
 tar -cf - --exclude=./.gpu --exclude=./.whl . | tar -xf - -C /tmp/seq
 cd /tmp/seq || exit 3
 status=0
-for step in "${@:-workers gpu openai}"; do
+for step in "${@:-fair1 fair2 fair3}"; do
   for s in $step; do
     echo "=== step $s ($(date -u +%H:%M:%S) UTC) ==="
     mkdir -p "$OUT/$s"
@@ -23,7 +28,8 @@ for step in "${@:-workers gpu openai}"; do
       workers) OUT=$OUT/$s STEPS="4 raw" bash bench/h200/workers.sh || status=1 ;;
       gpu) OUT=$OUT/$s bash bench/h200/gpu_tests.sh || status=1 ;;
       openai) OUT=$OUT/$s STEPS="openai4" bash bench/h200/workers.sh || status=1 ;;
-      *) echo "unknown step $s (workers, gpu, openai)"; rmdir "$OUT/$s"; status=2; continue ;;
+      fair[0-9]*) OUT=$OUT/$s RUN=${s#fair} STEPS="4 raw openai4" bash bench/h200/workers.sh || status=1 ;;
+      *) echo "unknown step $s (fairK, workers, gpu, openai)"; rmdir "$OUT/$s"; status=2; continue ;;
     esac
     tar -C "$OUT" -cf "$OUT/$s.tar.tmp" "$s" && mv "$OUT/$s.tar.tmp" "$OUT/$s.tar" && rm -rf "${OUT:?}/$s"
   done

@@ -6,7 +6,8 @@
 # loses or duplicates a request (--sweep-stop). Then one cProfile of the steady state (the host's
 # and every worker's event loop) at PROFILE_RATE with the first worker count.
 # usage: bench/capacity.sh OUT_PREFIX [WORKERS="1 2"] [ROUNDS=2] [RATES=10,20,30,45,60,80,100]
-#   env: SECONDS_PER_RATE (60), PROFILE_RATE (unset: no profile), PY (python3), EXTRA (more args)
+#   env: SECONDS_PER_RATE (60), PROFILE_RATE (unset: no profile), PY (python3), EXTRA (more args),
+#        RATES_W<N> (rates for N workers instead of RATES: more processes start higher)
 # e.g. bench/capacity.sh bench/results/e2e_bench-2026-12-05-cpu-capacity "1 2" 2
 set -uo pipefail
 prefix=${1:?usage: capacity.sh OUT_PREFIX [WORKERS] [ROUNDS] [RATES]}
@@ -23,7 +24,9 @@ status=0
 for round in $(seq 1 "$rounds"); do
   for w in $workers; do
     echo "=== round $round, workers $w ($(date -u +%H:%M:%S) UTC) ==="
-    $py bench/e2e_bench.py "${common[@]}" --workers "$w" ${EXTRA:-} --out "$prefix-w$w-r$round.json" 2>&1 \
+    own=RATES_W$w
+    $py bench/e2e_bench.py "${common[@]}" --sweep "${!own:-$rates}" --workers "$w" ${EXTRA:-} \
+      --out "$prefix-w$w-r$round.json" 2>&1 \
       | grep -E "sustained|ready in|answered, .* sent, +[0-9]*0\.[0-9] s|Highest|\*\*" || status=1
     gzip -f "$prefix-w$w-r$round.json"
   done

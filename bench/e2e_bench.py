@@ -1780,6 +1780,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep = [float(x) for x in args.sweep.split(",") if x]
     except ValueError:
         p.error(f"--sweep takes rates like 25,50,100, got {args.sweep!r}")
+    if args.profile:  # the bot runs in its own folder: a relative path would land there
+        args.profile = str(Path(args.profile).resolve())
     if args.model and Path(args.model).exists():  # the bot runs in its own folder
         args.model = str(Path(args.model).resolve())
     if args.engine == "openai" and not args.base_url:

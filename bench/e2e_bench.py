@@ -969,9 +969,11 @@ async def run_platform(
         out["startup_s"] = round(time.monotonic() - t_start, 1)
         say(f"{name}: opsbot ready in {out['startup_s']} s")
         # idle cost: what the process spends with nothing to do (pings, health, SLO guard)
-        c0, w0 = bot.cpu_s(), time.monotonic()
+        # (ns clocks, as the patterns: 10 ms ticks read 0 here)
+        i0, w0 = bot.cpu_ns_by_pid(), time.monotonic()
         await asyncio.sleep(args.idle_s)
-        out["idle_cpu_fraction"] = round((bot.cpu_s() - c0) / (time.monotonic() - w0), 4)
+        idle_ns = sum(ns - i0.get(pid, 0) for pid, ns in bot.cpu_ns_by_pid().items())
+        out["idle_cpu_fraction"] = round(idle_ns / 1e9 / (time.monotonic() - w0), 4)
         if args.profile and bot.proc is not None:
             for pid in bot.bot_pids():  # the profile starts now, in the host and in every worker
                 with contextlib.suppress(ProcessLookupError):

@@ -95,3 +95,32 @@ def test_the_sweep_keeps_the_highest_rate_without_loss_or_late_submits() -> None
     assert verdict["slack-socket"]["rates"]["100"]["ok"] is False
     assert verdict["slack-socket"]["rates"]["150"]["ok"] is False
     assert STAGES[0] == "ack" and STAGES[-1] == "final"
+
+
+@pytest.mark.slow
+def test_the_urgent_rca_goes_out_once_every_follow_up_streams(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "incident.json"
+    done = run(
+        [
+            "--engine", "synthetic", "--model", str(tiny_model), "--platforms", "slack-socket",
+            "--patterns", "incident", "--channels", "4", "--answer-tokens", "48", "--rca-tokens", "8",
+            "--tokens-per-s", "40", "--idle-s", "0.2", "--pause-s", "0", "--pattern-timeout-s", "60",
+            "--workdir", str(tmp_path), "--out", str(out),
+        ],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_,) = json.loads(out.read_text())["runs"]
+    reqs = [r for r in run_["requests"] if r["pattern"] == "incident"]
+    follow = [r for r in reqs if r["kind"] == "followup"]
+    urgent = [r for r in reqs if r["kind"] == "rca"]
+    assert len(follow) == 56 and len(urgent) == 8
+    # on the one clock: every follow-up's first answer text reached the fake before any urgent left
+    last_first_text = max(r["sent_s"] + r["first_token_ms"] / 1000 for r in follow)
+    assert last_first_text <= min(r["sent_s"] for r in urgent)
+    (step,) = [s for s in run_["patterns"] if s["pattern"] == "incident"]
+    assert (
+        step["followups"] == 56
+        and step["followups_streaming_at_urgent"] + step["followups_finished_at_urgent"] == 56
+    )
+    assert step["requests_in_window"] == 120  # seeds, follow-ups and urgent: the CPU's divisor

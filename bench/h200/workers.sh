@@ -48,7 +48,7 @@ for s in ${STEPS:-1 2}; do
   elif [[ $s == openai* ]]; then
     source bench/h200/serve.sh
     if serve_start "$OUT/vllm-serve$tag.log"; then
-      run 300 "e2e-openai-workers${s#openai}$tag" "${common[@]}" --workers "${s#openai}" --engine openai \
+      run 300 "e2e-openai-workers${s#openai}$tag$SERVE_TAG" "${common[@]}" --workers "${s#openai}" --engine openai \
         --base-url "$SERVE_URL" --served-model-name $SERVE_NAME "$@" || status=1
     else
       status=1

@@ -89,3 +89,28 @@ def test_results_before_issue_40_are_cut_into_their_episodes_in_sending_order() 
     rows = {(r["pattern"], r["episode"], r["kind"]): r for r in summarize(run)}
     # the incident's window is counted from its requests and its seeds: 4 + 4 + 1
     assert rows[("incident", 1, "all")]["requests_in_window"] == 9
+
+
+def test_cpu_is_read_in_nanoseconds_from_another_process_until_it_exits() -> None:
+    import subprocess
+    import time
+
+    from e2e_bench import BotProcess
+
+    # the child burns 50 ms of its own CPU, says so, then waits: a 10 ms tick could not tell 50 from 59
+    code = "import sys, time\nwhile time.process_time() < 0.05: pass\nprint(flush=True)\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
+        ns = BotProcess.cpu_ns(child.pid)
+        assert ns is not None and 50_000_000 <= ns < 5_000_000_000
+        assert ns % 10_000_000 != 0  # not a multiple of a clock tick
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    deadline = time.monotonic() + 5
+    while BotProcess.cpu_ns(child.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert BotProcess.cpu_ns(child.pid) is None  # reaped: no reading, never a stale one

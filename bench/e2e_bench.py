@@ -17,9 +17,14 @@ TPOT; and ``event -> engine submit`` from the engine's submit record (``OPSBOT_B
 
 Patterns (``--patterns``): ``burst8`` / ``burst32`` / ``burst64`` (all at once over
 ``--channels`` channels, ``--rca-share`` of them ``/rca``), ``poisson`` (``--rate`` per second for
-``--seconds``), ``incident`` (56 threads answered first, then 56 long follow-ups in them while 8
-urgent ``/rca`` arrive 0.3 s later). ``--sweep 25,50,100`` runs Poisson mentions at each rate and
-reports the highest sustained with no loss or duplicate. ``--budgets on`` keeps the platforms'
+``--seconds``), ``incident`` (56 threads answered first, then 56 long follow-ups in them, and 8
+urgent ``/rca`` once every follow-up streams at the fake platform). ``--sweep 25,50,100`` runs
+Poisson mentions at each rate (60 s) and reports the highest sustained: no loss or duplicate and
+event -> submit P99 <= 25 ms.
+
+Every pass of a pattern is an *episode*, reported on its own and pooled; P99 is by nearest rank
+(:func:`pct`); CPU is every bot process's, in ns, over the requests its window holds
+(``bench/episodes.py`` puts several runs side by side: issue 40). ``--budgets on`` keeps the platforms'
 published rate limits on both sides (the fakes enforce them, opsbot budgets for them); ``off``
 removes both (an engine comparison).
 

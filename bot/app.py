@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from bot.actions.service import ActionService
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
@@ -65,6 +66,7 @@ class OpsBot:
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
         self.sweeper: ClaimSweeper | None = None
+        self.actions: ActionService | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -98,6 +100,9 @@ class OpsBot:
         }
         self.progress(f"engine{'s' if len(names) > 1 else ''} ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
+        if s.actions.enabled:
+            # Its own credentials and clients; the engine and the context gatherer never see them.
+            self.actions = ActionService(s.actions, self.store)
         # The SLO guard tunes one admission controller: the default engine's.
         self.slo = SloGuard.for_engine(s.slo, engines.get(engines.default))
         if self.slo is not None:
@@ -115,6 +120,7 @@ class OpsBot:
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
+            actions=self.actions,
         )
         return self.pipeline
 
@@ -144,6 +150,11 @@ class OpsBot:
             self.http_runner, self.http_port = await start_http(
                 app, self.settings.http.host, self.settings.http.port
             )
+        if self.actions is not None:
+            for adapter in adapters:
+                if hasattr(adapter, "post_card"):
+                    adapter.actions = self.actions  # type: ignore[attr-defined]
+            self.actions.attach({a.platform: a for a in adapters if hasattr(a, "post_card")})  # type: ignore[misc]
         for adapter in adapters:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
@@ -210,6 +221,9 @@ class OpsBot:
             self.analyze.stop()  # batch analyses stop at once; what they finished is kept
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
+        if self.actions is not None:
+            await self.actions.drain(5.0)  # a verification in flight may still post its outcome
+            await self.actions.close()
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()

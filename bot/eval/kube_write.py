@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import hashlib
 import json
 import time
@@ -65,12 +66,12 @@ def add_write_routes(server: KubernetesSnapshotServer, app: web.Application) -> 
     """Register the write routes on ``app``."""
     for plural in _WORKLOADS:
         base = f"/apis/apps/v1/namespaces/{{ns}}/{plural}/{{name}}"
-        app.router.add_patch(base, lambda r, p=plural: _patch_object(server, r, p))
+        app.router.add_patch(base, functools.partial(_patch_object, server, plural=plural))
         if plural != "daemonsets":
-            app.router.add_get(base + "/scale", lambda r, p=plural: _scale(server, r, p))
-            app.router.add_patch(base + "/scale", lambda r, p=plural: _scale(server, r, p))
-    app.router.add_patch("/api/v1/nodes/{name}", lambda r: _patch_object(server, r, "nodes"))
-    app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", lambda r: _delete_pod(server, r))
+            app.router.add_get(base + "/scale", functools.partial(_scale, server, plural=plural))
+            app.router.add_patch(base + "/scale", functools.partial(_scale, server, plural=plural))
+    app.router.add_patch("/api/v1/nodes/{name}", functools.partial(_patch_object, server, plural="nodes"))
+    app.router.add_delete("/api/v1/namespaces/{ns}/pods/{name}", functools.partial(_delete_pod, server))
 
 
 def _find(server: KubernetesSnapshotServer, plural: str, ns: str | None, name: str) -> dict[str, Any]:

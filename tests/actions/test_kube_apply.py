@@ -146,12 +146,17 @@ async def test_an_invalid_dry_run_value_and_a_bad_patch_are_refused_by_the_serve
 ) -> None:
     path = f"/apis/apps/v1/namespaces/{NS}/deployments/api"
     with pytest.raises(ApplyError, match="HTTP 400"):
-        await kube.call("PATCH", path, body={}, content_type="application/merge-patch+json", query={"dryRun": "Some"})
+        await kube.call(
+            "PATCH", path, body={}, content_type="application/merge-patch+json", query={"dryRun": "Some"}
+        )
     with pytest.raises(ApplyError, match="HTTP 422"):
         await kube.call("PATCH", path + "/scale", body={"spec": {"replicas": -1}},
                         content_type="application/merge-patch+json")  # fmt: skip
     # the client library refuses to send an unknown patch type; the server refuses it too
     headers = {"Authorization": f"Bearer {WRITE_TOKEN}", "Content-Type": "application/yaml"}
-    async with aiohttp.ClientSession() as session, session.patch(server.url + path, data="{}", headers=headers) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.patch(server.url + path, data="{}", headers=headers) as resp,
+    ):
         assert resp.status == 415
     assert applied(server) == []

@@ -22,9 +22,16 @@ def cluster() -> KubernetesSnapshotServer:
     ``statefulset/db``, ``node/worker-1``."""
     api = deployment("api", NS, replicas=3, revision=2, image="registry.example.com/app:2.0")
     rs_old = replicaset("api", "aaa111", 1, namespace=NS, image="registry.example.com/app:1.0")
-    rs_new = replicaset("api", "bbb222", 2, namespace=NS, image="registry.example.com/app:2.0", replicas=3, ready=3)
+    rs_new = replicaset(
+        "api", "bbb222", 2, namespace=NS, image="registry.example.com/app:2.0", replicas=3, ready=3
+    )
     pods = [
-        pod(f"api-bbb222-{i}", NS, owner=("ReplicaSet", "api-bbb222"), labels={"app": "api", "pod-template-hash": "bbb222"})
+        pod(
+            f"api-bbb222-{i}",
+            NS,
+            owner=("ReplicaSet", "api-bbb222"),
+            labels={"app": "api", "pod-template-hash": "bbb222"},
+        )
         for i in range(3)
     ]
     server = KubernetesSnapshotServer(

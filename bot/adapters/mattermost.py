@@ -940,7 +940,9 @@ class MattermostAdapter(ChatAdapter):
         # server (which fills in user_id from the clicker's session) can send it back.
         user = str(body.get("user_id", ""))
         channel = str(body.get("channel_id", ""))
-        if self.actions is None or not user or not channel:
+        if not user or not channel:
+            return web.json_response({"error": "invalid action request"}, status=400)
+        if self.actions is None:
             return web.json_response(
                 {"ephemeral_text": ":no_entry: Actions are turned off here; nothing was done."}
             )

@@ -51,14 +51,11 @@ def attempts(
     rng = random.Random(seed)
     live_id, _, live_sig = live_approve.split(":")
     _, _, reject_sig = live_reject.split(":")
+    # look-alikes of the approver (case, spaces, a character short): none of them is the approver
     strangers = [
-        "U0STRANGER",
-        approver.lower(),
-        approver + " ",
-        " " + approver,
-        approver[:-1],
-        "",
-        "USLACKBOT",
+        s
+        for s in ("U0STRANGER", approver.upper(), approver.lower(), approver + " ", approver[:-1])
+        if s != approver
     ]
     makers = [
         lambda: Attempt(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fakes.actions_world import NS, actions_settings, applied, cluster, service
-from fakes.click_fuzz import Attempt, attempts
+from fakes.click_fuzz import attempts
 from fakes.slack_harness import BotFactory, SlackBot
 from fakes.slack_server import FakeMessage, FakeSlack
 from sqlalchemy import text

@@ -4,6 +4,9 @@ For each platform (Slack in HTTP mode: signed ``block_actions``; Mattermost: the
 forwarding clicks to ``/mattermost/actions``), against the fake Kubernetes API with a write
 ServiceAccount and a SQLite store:
 
+The fakes' platform rate limits are off (the bench measures opsbot's path, not Slack's posting
+limit).
+
 1. ``--attempts`` fuzzed clicks (``tests/fakes/click_fuzz.py``: forged users, tampered values,
    malformed values, another channel, replays of an applied proposal, an expired proposal,
    unsigned / badly signed / stale requests): each must be refused; the number that changed
@@ -86,7 +89,9 @@ async def slack_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[str, A
     kube = cluster()
     await kube.start()
     store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'slack.db'}", StoreSettings())
-    async with FakeSlack() as fake:
+    # the fakes' platform rate limits are off: this measures opsbot's decision path, not Slack's
+    # per-channel posting limit (the cards of 200 proposals in one channel would take minutes)
+    async with FakeSlack(tiers={}, channel_post=None) as fake:
         settings = SlackSettings(enabled=True, mode="http", bot_token=fake.bot_token, signing_secret=fake.signing_secret,
                                  api_base_url=fake.api_url, rate_budgets=False, retry={"initial_s": 0.05})  # fmt: skip
         adapter = SlackAdapter(settings, store)
@@ -139,7 +144,7 @@ async def mattermost_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[s
     kube = cluster()
     await kube.start()
     store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'mm.db'}", StoreSettings())
-    async with FakeMattermost() as fake:
+    async with FakeMattermost(rate_limit=None) as fake:
         approver = fake.add_user("approver")
         channel = fake.add_channel("incidents", [approver, fake.bot_user_id])
         other = fake.add_channel("elsewhere", [approver, fake.bot_user_id])

@@ -92,8 +92,15 @@ async def slack_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[str, A
     # the fakes' platform rate limits are off: this measures opsbot's decision path, not Slack's
     # per-channel posting limit (the cards of 200 proposals in one channel would take minutes)
     async with FakeSlack(tiers={}, channel_post=None) as fake:
-        settings = SlackSettings(enabled=True, mode="http", bot_token=fake.bot_token, signing_secret=fake.signing_secret,
-                                 api_base_url=fake.api_url, rate_budgets=False, retry={"initial_s": 0.05})  # fmt: skip
+        settings = SlackSettings(
+            enabled=True,
+            mode="http",
+            bot_token=fake.bot_token,
+            signing_secret=fake.signing_secret,
+            api_base_url=fake.api_url,
+            rate_budgets=False,
+            retry={"initial_s": 0.05},
+        )
         adapter = SlackAdapter(settings, store)
         runner, url = await _serve(adapter.http_routes())
         await adapter.start(lambda message: None)  # type: ignore[arg-type,return-value]
@@ -125,9 +132,18 @@ async def slack_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[str, A
             return next(e["value"] for e in block["elements"] if e["action_id"] == which)
 
         result = await _run(
-            "slack", svc, kube, click, value_of, APPROVER_SLACK, "C1", "C2",
-            ("bad_secret", "stale"), n_attempts, n_approvals,
-        )  # fmt: skip
+            "slack",
+            svc,
+            kube,
+            click,
+            value_of,
+            APPROVER_SLACK,
+            "C1",
+            "C2",
+            ("bad_secret", "stale"),
+            n_attempts,
+            n_approvals,
+        )
         await svc.drain(5)
         await svc.close()
         await adapter.stop()
@@ -152,8 +168,14 @@ async def mattermost_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[s
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         sock.close()
-        settings = MattermostSettings(enabled=True, **fake.settings_kwargs(), public_url=url, action_secret="x",
-                                      rate_budgets=False, channel_post_interval_s=0.0)  # fmt: skip
+        settings = MattermostSettings(
+            enabled=True,
+            **fake.settings_kwargs(),
+            public_url=url,
+            action_secret="x",
+            rate_budgets=False,
+            channel_post_interval_s=0.0,
+        )
         adapter = MattermostAdapter(settings, store)
         app = web.Application()
         app.add_routes(adapter.http_routes())
@@ -182,8 +204,17 @@ async def mattermost_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[s
             context: dict[str, Any] = {"action": "opsbot_action", "value": value}
             if transport == "no_signature":
                 context["value"] = value.rsplit(":", 1)[0]
-            body = {"user_id": user, "user_name": "x", "channel_id": where, "team_id": fake.team_id,
-                    "post_id": card_id, "trigger_id": "t", "type": "", "data_source": "", "context": context}  # fmt: skip
+            body = {
+                "user_id": user,
+                "user_name": "x",
+                "channel_id": where,
+                "team_id": fake.team_id,
+                "post_id": card_id,
+                "trigger_id": "t",
+                "type": "",
+                "data_source": "",
+                "context": context,
+            }
             import aiohttp
 
             async with (
@@ -201,9 +232,18 @@ async def mattermost_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[s
             return _buttons(card_id)[which]
 
         result = await _run(
-            "mattermost", svc, kube, click, value_of, approver, channel, other,
-            ("no_signature",), n_attempts, n_approvals,
-        )  # fmt: skip
+            "mattermost",
+            svc,
+            kube,
+            click,
+            value_of,
+            approver,
+            channel,
+            other,
+            ("no_signature",),
+            n_attempts,
+            n_approvals,
+        )
         await svc.drain(5)
         await svc.close()
         await adapter.stop()
@@ -214,9 +254,19 @@ async def mattermost_run(tmp: Path, n_attempts: int, n_approvals: int) -> dict[s
     return result
 
 
-async def _run(platform: str, svc: ActionService, kube: KubernetesSnapshotServer, click: Any, value_of: Any,
-               approver: str, channel: str, other_channel: str, unsigned: tuple[str, ...],
-               n_attempts: int, n_approvals: int) -> dict[str, Any]:  # fmt: skip
+async def _run(
+    platform: str,
+    svc: ActionService,
+    kube: KubernetesSnapshotServer,
+    click: Any,
+    value_of: Any,
+    approver: str,
+    channel: str,
+    other_channel: str,
+    unsigned: tuple[str, ...],
+    n_attempts: int,
+    n_approvals: int,
+) -> dict[str, Any]:
     where = ThreadRef(platform, channel, None, "U0ASKER")
     reject_word = "opsbot_action_reject" if platform == "slack" else "Reject"
 
@@ -237,10 +287,17 @@ async def _run(platform: str, svc: ActionService, kube: KubernetesSnapshotServer
     await _write_after(kube, 0, 0.0)
     await asyncio.sleep(0.1)
     tried: list[Attempt] = attempts(
-        live_approve=value_of(live.card_id), live_reject=value_of(live.card_id, reject_word),
-        other_id=other.record.id, applied_approve=done_value, expired_approve=value_of(late.card_id), approver=approver, channel=channel,
-        other_channel=other_channel, unsigned_transports=unsigned, count=n_attempts,
-    )  # fmt: skip
+        live_approve=value_of(live.card_id),
+        live_reject=value_of(live.card_id, reject_word),
+        other_id=other.record.id,
+        applied_approve=done_value,
+        expired_approve=value_of(late.card_id),
+        approver=approver,
+        channel=channel,
+        other_channel=other_channel,
+        unsigned_transports=unsigned,
+        count=n_attempts,
+    )
     writes_before = len(applied(kube))
     statuses: dict[int, int] = {}
     by_kind: dict[str, int] = {}
@@ -312,18 +369,21 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# actions_bench {meta['date']}",
         "",
-        f"`{meta['command']}` at commit `{meta.get('commit', '?')}` on {meta['gpu']}, Python {meta['python']}",
+        f"`{meta['command']}` at commit `{meta.get('commit', '?')}`",
+        f"on {meta['gpu']}, Python {meta['python']}",
         "",
         f"Fuzzed clicks: {total} across both platforms, {changed} applied (target 0).",
         "",
-        "| platform | attempts | by kind | HTTP statuses | applied | refusals audited | approvals | approve -> applied P50 / P99 / max ms |",
+        "| platform | attempts | by kind | HTTP statuses | applied | refusals audited | approvals "
+        "| approve -> applied P50 / P99 / max ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results.values():
         ms = r["approve_to_applied_ms"]
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["attempts_by_kind"].items()))
         lines.append(
-            f"| {r['platform']} | {r['attempts']} | {kinds} | {r['http_statuses']} | {r['applied_by_attempts']} | "
+            f"| {r['platform']} | {r['attempts']} | {kinds} | {r['http_statuses']} "
+            f"| {r['applied_by_attempts']} | "
             f"{r['refusals_in_audit']} | {r['approvals']} | {ms['p50']} / {ms['p99']} / {ms['max']} |"
         )
     text = "\n".join(lines) + "\n"

@@ -17,15 +17,15 @@ from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import Table, and_, insert, select, update
 from sqlalchemy.engine import Connection
 
 from bot.store import Store
 from bot.store.models import ActionEventRow, ActionRow
 from bot.store.records import utcnow
 
-_ACTIONS = ActionRow.__table__
-_EVENTS = ActionEventRow.__table__
+_ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
+_EVENTS: Table = ActionEventRow.__table__  # type: ignore[assignment]
 
 
 @dataclass
@@ -88,8 +88,11 @@ class ActionAudit:
 
         def work(conn: Connection) -> None:
             conn.execute(insert(_ACTIONS).values(**values))
-            conn.execute(insert(_EVENTS).values(**_event(record.id, "proposed", record.platform,
-                                                         record.asked_by, record.summary)))  # fmt: skip
+            conn.execute(
+                insert(_EVENTS).values(
+                    **_event(record.id, "proposed", record.platform, record.asked_by, record.summary)
+                )
+            )
 
         await self.store.write_now(work)
 

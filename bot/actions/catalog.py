@@ -25,9 +25,18 @@ _NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 """A DNS-1123 subdomain: every object name these actions touch."""
 _NAME_RE = re.compile(_NAME)
 _WORKLOADS = {"deployment": "deployments", "statefulset": "statefulsets", "daemonset": "daemonsets"}
-_SHORT = {"deploy": "deployment", "deployments": "deployment", "sts": "statefulset",
-          "statefulsets": "statefulset", "ds": "daemonset", "daemonsets": "daemonset",
-          "po": "pod", "pods": "pod", "no": "node", "nodes": "node"}  # fmt: skip
+_SHORT = {
+    "deploy": "deployment",
+    "deployments": "deployment",
+    "sts": "statefulset",
+    "statefulsets": "statefulset",
+    "ds": "daemonset",
+    "daemonsets": "daemonset",
+    "po": "pod",
+    "pods": "pod",
+    "no": "node",
+    "nodes": "node",
+}
 
 
 class ActionError(OpsbotError, ValueError):

@@ -24,7 +24,6 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -192,8 +191,8 @@ class KubeApply:
             return Applied(diff, f"pod {p['name']} deleted ({why})", before, None, None)
         if spec.action in ("cordon", "uncordon"):
             cordon = spec.action == "cordon"
-            patch = {"spec": {"unschedulable": cordon}}
-            after = await self.call("PATCH", path, body=patch, content_type=STRATEGIC, dry_run=dry_run)
+            node_patch = {"spec": {"unschedulable": cordon}}
+            after = await self.call("PATCH", path, body=node_patch, content_type=STRATEGIC, dry_run=dry_run)
             inverse = ActionSpec("uncordon" if cordon else "cordon", dict(p))
             return _applied(before, after, f"spec.unschedulable = {str(cordon).lower()}", inverse)
         raise ApplyError(f"{spec.action} is not a Kubernetes action")
@@ -203,12 +202,14 @@ class KubeApply:
         ns = spec.params["namespace"]
         uid = _meta(deploy).get("uid")
         listed = await self.call("GET", f"/apis/apps/v1/namespaces/{ns}/replicasets") or {}
+        name = spec.params["name"]
+
+        def owns(o: Obj) -> bool:
+            return bool(o.get("uid") == uid or (o.get("kind") == "Deployment" and o.get("name") == name))
+
         owned = [
-            rs
-            for rs in listed.get("items", [])
-            if any(o.get("uid") == uid or (o.get("kind") == "Deployment" and o.get("name") == spec.params["name"])
-                   for o in _meta(rs).get("ownerReferences", []))
-        ]  # fmt: skip
+            rs for rs in listed.get("items", []) if any(owns(o) for o in _meta(rs).get("ownerReferences", []))
+        ]
         revisions = {_revision(rs): rs for rs in owned if _revision(rs) > 0}
         current = _revision(deploy)
         wanted = int(spec.params.get("revision") or 0)
@@ -267,8 +268,3 @@ def _status_text(method: str, path: str, status: int, body: str) -> str:
     except (ValueError, AttributeError):
         message = body
     return f"{method} {path}: HTTP {status}: {str(message)[:300]}"
-
-
-def token_file_exists(path: Path | None) -> bool:
-    """True when ``path`` names a readable token file (a check for ``opsbot doctor``-style notes)."""
-    return path is not None and path.is_file()

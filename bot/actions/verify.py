@@ -100,5 +100,6 @@ def rollout_done(kind: str, obj: dict[str, Any]) -> tuple[bool, str]:
         done = done and status.get("currentRevision") == status.get("updateRevision")
     return (
         done,
-        f"{updated}/{want} updated, {available} available, {total} total (generation {observed}/{generation})",
+        f"{updated}/{want} updated, {available} available, {total} total "
+        f"(generation {observed}/{generation})",
     )

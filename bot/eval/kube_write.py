@@ -98,10 +98,9 @@ async def _body(request: web.Request) -> Any:
 
 def apply_patch(obj: dict[str, Any], patch: Any, content_type: str) -> dict[str, Any]:
     """``obj`` with ``patch`` applied as ``content_type`` says (a new object)."""
-    if content_type == MERGE:
-        return _merge(copy.deepcopy(obj), patch, strategic=False)
-    if content_type == STRATEGIC:
-        return _merge(copy.deepcopy(obj), patch, strategic=True)
+    if content_type in (MERGE, STRATEGIC):
+        merged: dict[str, Any] = _merge(copy.deepcopy(obj), patch, strategic=content_type == STRATEGIC)
+        return merged
     if content_type == JSON_PATCH:
         return _json_patch(copy.deepcopy(obj), patch)
     raise Invalid(415, "UnsupportedMediaType", f"the media type {content_type!r} is not supported for PATCH")
@@ -220,13 +219,22 @@ def _new_revision(server: KubernetesSnapshotServer, deploy: dict[str, Any]) -> N
                 "labels": dict(template["metadata"]["labels"]),
                 "annotations": {},
                 "ownerReferences": [
-                    {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"],
-                     "uid": meta.get("uid", f"uid-{meta['name']}"), "controller": True}
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": meta["name"],
+                        "uid": meta.get("uid", f"uid-{meta['name']}"),
+                        "controller": True,
+                    }
                 ],
             },
-            "spec": {"replicas": 0, "selector": {"matchLabels": dict(template["metadata"]["labels"])}, "template": template},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": dict(template["metadata"]["labels"])},
+                "template": template,
+            },
             "status": {"replicas": 0},
-        }  # fmt: skip
+        }
         server.replicasets.append(match)
     match["metadata"].setdefault("annotations", {})[_REVISION] = str(newest)
     meta.setdefault("annotations", {})[_REVISION] = str(newest)
@@ -318,12 +326,18 @@ def _scale_object(obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
-        "metadata": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                     "resourceVersion": meta.get("resourceVersion", "1000")},
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion", "1000"),
+        },
         "spec": {"replicas": int(obj["spec"].get("replicas", 1))},
-        "status": {"replicas": int((obj.get("status") or {}).get("replicas", 0)),
-                   "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))},
-    }  # fmt: skip
+        "status": {
+            "replicas": int((obj.get("status") or {}).get("replicas", 0)),
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        },
+    }
 
 
 async def _delete_pod(server: KubernetesSnapshotServer, request: web.Request) -> web.Response:

@@ -25,10 +25,23 @@ pytestmark = pytest.mark.timeout(120)
 
 def opsbot(args: list[str], db: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPSBOT_")}
-    env.update({"OPSBOT_STORE__URL": f"sqlite+aiosqlite:///{db}", "OPSBOT_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(REPO), "COLUMNS": "160", "NO_COLOR": "1"})  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "bot.cli", *args], cwd=db.parent, env=env,
-                          capture_output=True, text=True, timeout=100)  # fmt: skip
+    env.update(
+        {
+            "OPSBOT_STORE__URL": f"sqlite+aiosqlite:///{db}",
+            "OPSBOT_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(REPO),
+            "COLUMNS": "160",
+            "NO_COLOR": "1",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", *args],
+        cwd=db.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
 
 
 async def test_audit_lists_and_exports_who_approved_what(tmp_path: Path) -> None:
@@ -43,12 +56,27 @@ async def test_audit_lists_and_exports_who_approved_what(tmp_path: Path) -> None
         ),
         ("p-cordon", ActionSpec("cordon", {"kind": "node", "name": "worker-1"})),
     ):
-        await audit.add(ProposalRecord(
-            id=pid, platform="slack", channel="C1", thread_id="1.1", action=spec.action, target=spec.target,
-            spec=spec.canonical(), digest=spec.digest(), evidence=json.dumps(["pods stuck on old config"]),
-            diff="+ restartedAt", summary="restart", risk="medium", asked_by="U0ASKER", proposed_by="command",
-            state="proposed", created_at=now, expires_at=now + timedelta(minutes=15),
-        ))  # fmt: skip
+        await audit.add(
+            ProposalRecord(
+                id=pid,
+                platform="slack",
+                channel="C1",
+                thread_id="1.1",
+                action=spec.action,
+                target=spec.target,
+                spec=spec.canonical(),
+                digest=spec.digest(),
+                evidence=json.dumps(["pods stuck on old config"]),
+                diff="+ restartedAt",
+                summary="restart",
+                risk="medium",
+                asked_by="U0ASKER",
+                proposed_by="command",
+                state="proposed",
+                created_at=now,
+                expires_at=now + timedelta(minutes=15),
+            )
+        )
     await audit.log("p-restart", "refused", "slack", "U0STRANGER", "not an approver")
     assert await audit.claim("p-restart", "U0APPROVER", "approve", "slack")
     await audit.finish("p-restart", ok=True, result="applied", apply_ms=41.0, platform="slack")

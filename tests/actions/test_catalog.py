@@ -10,19 +10,36 @@ from bot.actions.catalog import KINDS, SCHEMAS, ActionError, ActionSpec, parse_c
 @pytest.mark.parametrize(
     ("words", "action", "params"),
     [
-        ("restart deployment/api -n shop", "rollout_restart", {"kind": "deployment", "name": "api", "namespace": "shop"}),
-        ("restart sts/db -n shop", "rollout_restart", {"kind": "statefulset", "name": "db", "namespace": "shop"}),
-        ("rollback deploy/api -n shop --to-revision 3", "rollback",
-         {"kind": "deployment", "name": "api", "namespace": "shop", "revision": 3}),
-        ("scale deployment/api -n shop --replicas 0", "scale",
-         {"kind": "deployment", "name": "api", "namespace": "shop", "replicas": 0}),
+        (
+            "restart deployment/api -n shop",
+            "rollout_restart",
+            {"kind": "deployment", "name": "api", "namespace": "shop"},
+        ),
+        (
+            "restart sts/db -n shop",
+            "rollout_restart",
+            {"kind": "statefulset", "name": "db", "namespace": "shop"},
+        ),
+        (
+            "rollback deploy/api -n shop --to-revision 3",
+            "rollback",
+            {"kind": "deployment", "name": "api", "namespace": "shop", "revision": 3},
+        ),
+        (
+            "scale deployment/api -n shop --replicas 0",
+            "scale",
+            {"kind": "deployment", "name": "api", "namespace": "shop", "replicas": 0},
+        ),
         ("delete pod/api-1 -n shop", "delete_pod", {"kind": "pod", "name": "api-1", "namespace": "shop"}),
         ("cordon node/worker-1", "cordon", {"kind": "node", "name": "worker-1"}),
         ("uncordon worker-1", "uncordon", {"kind": "node", "name": "worker-1"}),
-        ("expire silence/0b2c7c7e-1111-2222-3333-444455556666", "expire_silence",
-         {"silence_id": "0b2c7c7e-1111-2222-3333-444455556666"}),
+        (
+            "expire silence/0b2c7c7e-1111-2222-3333-444455556666",
+            "expire_silence",
+            {"silence_id": "0b2c7c7e-1111-2222-3333-444455556666"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_command_words_become_a_checked_spec(words: str, action: str, params: dict[str, object]) -> None:
     assert parse_command(words) == ActionSpec(action, params)
 

@@ -78,8 +78,10 @@ async def test_rollback_puts_the_previous_revisions_template_back_as_kubectl_und
     assert image.endswith("app:1.0")
     assert "pod-template-hash" not in deploy["spec"]["template"]["metadata"]["labels"]
     # the old ReplicaSet is reused and becomes the newest revision, as the controller does it
-    revisions = {rs["metadata"]["name"]: rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
-                 for rs in server.replicasets}  # fmt: skip
+    revisions = {
+        rs["metadata"]["name"]: rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+        for rs in server.replicasets
+    }
     assert revisions == {"api-aaa111": "3", "api-bbb222": "2"}
     assert done.inverse == ActionSpec("rollback", {**spec.params, "revision": 2})
     back = await kube.run(done.inverse, dry_run=False)
@@ -150,8 +152,12 @@ async def test_an_invalid_dry_run_value_and_a_bad_patch_are_refused_by_the_serve
             "PATCH", path, body={}, content_type="application/merge-patch+json", query={"dryRun": "Some"}
         )
     with pytest.raises(ApplyError, match="HTTP 422"):
-        await kube.call("PATCH", path + "/scale", body={"spec": {"replicas": -1}},
-                        content_type="application/merge-patch+json")  # fmt: skip
+        await kube.call(
+            "PATCH",
+            path + "/scale",
+            body={"spec": {"replicas": -1}},
+            content_type="application/merge-patch+json",
+        )
     # the client library refuses to send an unknown patch type; the server refuses it too
     headers = {"Authorization": f"Bearer {WRITE_TOKEN}", "Content-Type": "application/yaml"}
     async with (

@@ -35,19 +35,29 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
     config.write_text(json.dumps({"route": {"receiver": "none"}, "receivers": [{"name": "none"}]}))
     with (tmp_path / "am.log").open("wb") as log:
         process = subprocess.Popen(
-            [str(ALERTMANAGER_BIN), f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                str(ALERTMANAGER_BIN),
+                f"--config.file={config}",
+                f"--storage.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_ok(f"{url}/-/ready"), 30, "Alertmanager ready")
         now = datetime.now(UTC)
         alerts = [
-            {"labels": {"alertname": "KubePodCrashLooping", "namespace": "shop", "pod": f"api-{i}"},
-             "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
+            {
+                "labels": {"alertname": "KubePodCrashLooping", "namespace": "shop", "pod": f"api-{i}"},
+                "startsAt": now.isoformat(),
+                "endsAt": (now + timedelta(hours=1)).isoformat(),
+            }
             for i in range(2)
-        ] + [{"labels": {"alertname": "NodeDiskPressure", "node": "worker-1"}, "startsAt": now.isoformat()}]  # fmt: skip
+        ] + [{"labels": {"alertname": "NodeDiskPressure", "node": "worker-1"}, "startsAt": now.isoformat()}]
         request = urllib.request.Request(
             f"{url}/api/v2/alerts", json.dumps(alerts).encode(), {"Content-Type": "application/json"}
         )

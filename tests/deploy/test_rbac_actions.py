@@ -24,11 +24,20 @@ def test_the_actions_role_holds_exactly_the_verbs_of_the_catalog_and_nothing_els
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    wanted = {
-        ("apps", kind, verb) for kind in ("deployments", "statefulsets", "daemonsets") for verb in ("get", "patch")
-    } | {("apps", "replicasets", "get"), ("apps", "replicasets", "list")} | {
-        ("apps", f"{kind}/scale", verb) for kind in ("deployments", "statefulsets") for verb in ("get", "patch")
-    } | {("", "pods", "get"), ("", "pods", "delete"), ("", "nodes", "get"), ("", "nodes", "patch")}  # fmt: skip
+    wanted = (
+        {
+            ("apps", kind, verb)
+            for kind in ("deployments", "statefulsets", "daemonsets")
+            for verb in ("get", "patch")
+        }
+        | {("apps", "replicasets", "get"), ("apps", "replicasets", "list")}
+        | {
+            ("apps", f"{kind}/scale", verb)
+            for kind in ("deployments", "statefulsets")
+            for verb in ("get", "patch")
+        }
+        | {("", "pods", "get"), ("", "pods", "delete"), ("", "nodes", "get"), ("", "nodes", "patch")}
+    )
     assert granted == wanted
     assert not any("*" in str(rule) or "secrets" in str(rule) for rule in role["rules"])
 

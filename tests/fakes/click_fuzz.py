@@ -89,7 +89,7 @@ def attempts(
             ),
             approver,
             channel,
-        ),  # fmt: skip
+        ),
         lambda: Attempt("wrong_channel", live_approve, approver, other_channel),
         lambda: Attempt("replayed", applied_approve, approver, channel),
         lambda: Attempt("expired", expired_approve, approver, channel),

@@ -70,8 +70,17 @@ async def _post_action(
     bot: Bot, fake: FakeMattermost, card: dict[str, Any], user: str, channel: str, context: Any
 ) -> tuple[int, Any]:
     """What the Mattermost server POSTs for a click, sent with any context (a forger's request)."""
-    body = {"user_id": user, "user_name": "x", "channel_id": channel, "team_id": fake.team_id,
-            "post_id": card["id"], "trigger_id": "t", "type": "", "data_source": "", "context": context}  # fmt: skip
+    body = {
+        "user_id": user,
+        "user_name": "x",
+        "channel_id": channel,
+        "team_id": fake.team_id,
+        "post_id": card["id"],
+        "trigger_id": "t",
+        "type": "",
+        "data_source": "",
+        "context": context,
+    }
     async with (
         aiohttp.ClientSession() as session,
         session.post(bot.url + "/mattermost/actions", json=body) as resp,
@@ -84,9 +93,12 @@ async def test_a_slash_command_proposal_is_approved_by_the_oncall_group_only(
 ) -> None:
     bot, svc, ids = world
     status, _, _ = await fake.send_slash_command(
-        bot.command_url, token=SLASH_TOKEN, user_id=ids["asker"], channel_id=ids["channel"],
+        bot.command_url,
+        token=SLASH_TOKEN,
+        user_id=ids["asker"],
+        channel_id=ids["channel"],
         text="propose rollback deployment/api -n shop",
-    )  # fmt: skip
+    )
     assert status == 200
     await fake.wait_for(lambda: len(_cards(fake, ids["channel"])) == 1)
     card = _cards(fake, ids["channel"])[0]
@@ -135,11 +147,17 @@ async def test_fuzzed_action_requests_are_refused_and_nothing_is_applied(
     await asyncio.sleep(0.1)  # the short-lived proposal expires
     values = _values(fake.posts[live.card_id])
     tried = attempts(
-        live_approve=values["Approve"], live_reject=values["Reject"], other_id=other.record.id,
-        applied_approve=done_value, expired_approve=_values(fake.posts[late.card_id])["Approve"],
-        approver=ids["approver"], channel=ids["channel"], other_channel=ids["other"],
-        unsigned_transports=("no_signature", "no_context"), count=120,
-    )  # fmt: skip
+        live_approve=values["Approve"],
+        live_reject=values["Reject"],
+        other_id=other.record.id,
+        applied_approve=done_value,
+        expired_approve=_values(fake.posts[late.card_id])["Approve"],
+        approver=ids["approver"],
+        channel=ids["channel"],
+        other_channel=ids["other"],
+        unsigned_transports=("no_signature", "no_context"),
+        count=120,
+    )
     writes = len(applied(kube))
     card = fake.posts[live.card_id]
     for attempt in tried:

@@ -80,8 +80,16 @@ def _buttons(card: FakeMessage) -> dict[str, str]:
     return {e["action_id"]: e["value"] for e in block["elements"]}
 
 
-async def _click(slack: FakeSlack, bot: SlackBot, card: FakeMessage, user: str, action_id: str, value: str,
-                 channel: str | None = None, transport: str = "signed") -> int:  # fmt: skip
+async def _click(
+    slack: FakeSlack,
+    bot: SlackBot,
+    card: FakeMessage,
+    user: str,
+    action_id: str,
+    value: str,
+    channel: str | None = None,
+    transport: str = "signed",
+) -> int:
     payload = slack.block_action(card, user, action_id, value)
     if channel is not None:
         payload["channel"]["id"] = payload["container"]["channel_id"] = channel
@@ -235,18 +243,32 @@ async def test_fuzzed_clicks_forged_tampered_replayed_expired_or_unsigned_are_al
     bot, svc = await _bot(make_bot, kube, tmp_path)
     live, done, other = await fuzz_targets(svc, slack, bot, kube, tmp_path)
     tried = attempts(
-        live_approve=live["opsbot_action_approve"], live_reject=live["opsbot_action_reject"], other_id=other,
-        applied_approve=done, expired_approve=await expired_value(svc, slack, tmp_path, kube),
-        approver=APPROVER, channel="C1", other_channel="C2",
-        unsigned_transports=("bad_secret", "stale", "no_headers"), count=120,
-    )  # fmt: skip
+        live_approve=live["opsbot_action_approve"],
+        live_reject=live["opsbot_action_reject"],
+        other_id=other,
+        applied_approve=done,
+        expired_approve=await expired_value(svc, slack, tmp_path, kube),
+        approver=APPROVER,
+        channel="C1",
+        other_channel="C2",
+        unsigned_transports=("bad_secret", "stale", "no_headers"),
+        count=120,
+    )
     writes_before = len(applied(kube))
     card = _cards(slack)[0]
     refused_before = await refusals(svc)
     signed = 0
     for attempt in tried:
-        status = await _click(slack, bot, card, attempt.user or "U0", "opsbot_action_approve", attempt.value,
-                              attempt.channel, attempt.transport)  # fmt: skip
+        status = await _click(
+            slack,
+            bot,
+            card,
+            attempt.user or "U0",
+            "opsbot_action_approve",
+            attempt.value,
+            attempt.channel,
+            attempt.transport,
+        )
         if attempt.transport == "signed":
             assert status == 200
             signed += 1
@@ -274,8 +296,9 @@ async def until(count: Any, want: int, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def fuzz_targets(svc: ActionService, slack: FakeSlack, bot: SlackBot, kube: KubernetesSnapshotServer,
-                       tmp_path: Path) -> tuple[dict[str, str], str, str]:  # fmt: skip
+async def fuzz_targets(
+    svc: ActionService, slack: FakeSlack, bot: SlackBot, kube: KubernetesSnapshotServer, tmp_path: Path
+) -> tuple[dict[str, str], str, str]:
     """A live proposal's buttons, an applied proposal's approve value, a third proposal's id."""
     where = ThreadRef("slack", "C1", None, ASKER)
     live = await svc.propose(ActionSpec("cordon", {"kind": "node", "name": "worker-1"}), ["disk"], where)

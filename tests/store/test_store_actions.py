@@ -20,11 +20,24 @@ def _proposal(pid: str, expires_in_s: float = 600) -> ProposalRecord:
     spec = ActionSpec("cordon", {"kind": "node", "name": "worker-1"})
     now = utcnow()
     return ProposalRecord(
-        id=pid, platform="slack", channel="C1", thread_id=None, action=spec.action, target=spec.target,
-        spec=spec.canonical(), digest=spec.digest(), evidence=json.dumps(["disk 97%"]), diff="+ unschedulable",
-        summary="spec.unschedulable = true", risk="low", asked_by="U1", proposed_by="command", state="proposed",
-        created_at=now, expires_at=now + timedelta(seconds=expires_in_s),
-    )  # fmt: skip
+        id=pid,
+        platform="slack",
+        channel="C1",
+        thread_id=None,
+        action=spec.action,
+        target=spec.target,
+        spec=spec.canonical(),
+        digest=spec.digest(),
+        evidence=json.dumps(["disk 97%"]),
+        diff="+ unschedulable",
+        summary="spec.unschedulable = true",
+        risk="low",
+        asked_by="U1",
+        proposed_by="command",
+        state="proposed",
+        created_at=now,
+        expires_at=now + timedelta(seconds=expires_in_s),
+    )
 
 
 async def test_one_claim_wins_across_two_replicas_and_many_concurrent_clicks(

@@ -195,6 +195,8 @@ def test_socket_mode_is_on_as_in_the_default_configuration(manifest: dict) -> No
 def test_the_guide_names_the_manifest_and_every_setting_it_tells_people_to_set() -> None:
     guide = (ROOT / "docs" / "slack.md").read_text()
     assert "slack-app-manifest.yaml" in guide and "connections:write" in guide
+    # HTTP mode: the one Request URL the guide tells people to enter is the path opsbot serves
+    assert f"https://opsbot.example.com{SlackSettings().events_path}" in guide
     for variable in re.findall(r"OPSBOT_SLACK__[A-Z_]+", guide):
         field = variable.removeprefix("OPSBOT_SLACK__").lower()
         assert field in SlackSettings.model_fields, (

@@ -10,8 +10,10 @@ manifest asks for that nothing needs fails too (least privilege: workspace admin
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from bot.config import SLACK_RATE_LIMITS, SlackSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "docs" / "slack-app-manifest.yaml"
+HTTP_MANIFEST = ROOT / "docs" / "slack-app-manifest-http.yaml"
 SOURCES = sorted((ROOT / "bot").rglob("*.py"))
 """Every module of the bot: a Slack call made outside the adapter (a start-up check, say) counts too."""
 
@@ -208,10 +211,31 @@ def test_socket_mode_is_on_as_in_the_default_configuration(manifest: dict) -> No
 def test_the_guide_names_the_manifest_and_every_setting_it_tells_people_to_set() -> None:
     guide = (ROOT / "docs" / "slack.md").read_text()
     assert "slack-app-manifest.yaml" in guide and "connections:write" in guide
-    # HTTP mode: the one Request URL the guide tells people to enter is the path opsbot serves
-    assert f"https://opsbot.example.com{SlackSettings().events_path}" in guide
+    assert "slack-app-manifest-http.yaml" in guide
     for variable in re.findall(r"OPSBOT_SLACK__[A-Z_]+", guide):
         field = variable.removeprefix("OPSBOT_SLACK__").lower()
         assert field in SlackSettings.model_fields, (
             f"docs/slack.md names {variable}, which opsbot does not read"
         )
+
+
+def test_the_http_mode_manifest_is_the_same_app_posting_to_the_path_opsbot_serves(manifest: dict) -> None:
+    http = yaml.safe_load(HTTP_MANIFEST.read_text())
+    settings, (command,) = http["settings"], http["features"]["slash_commands"]
+    urls = [
+        settings["event_subscriptions"]["request_url"],
+        settings["interactivity"]["request_url"],
+        command["url"],
+    ]
+    for url in urls:
+        # one Request URL for events, commands and buttons: slack.events_path on opsbot's server
+        assert urlsplit(url).scheme == "https" and urlsplit(url).path == SlackSettings().events_path
+    assert settings["socket_mode_enabled"] is False
+    same = copy.deepcopy(http)
+    del (
+        same["settings"]["event_subscriptions"]["request_url"],
+        same["settings"]["interactivity"]["request_url"],
+    )
+    del same["features"]["slash_commands"][0]["url"]
+    same["settings"]["socket_mode_enabled"] = True
+    assert same == manifest, "the two manifests differ in more than the HTTP mode's URLs"

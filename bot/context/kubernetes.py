@@ -18,7 +18,7 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/rbac.yaml``); Secrets and ConfigMaps are never read.
+are made (see ``deploy/base/rbac.yaml``); Secrets and ConfigMaps are never read.
 """
 
 from __future__ import annotations

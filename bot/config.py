@@ -625,7 +625,7 @@ class ActionsSettings(ConfigSection):
     """Offer actions (``/rca propose ...``, proposal cards, Approve / Reject buttons)."""
     kubeconfig: Path | None = None
     """The kubeconfig of the *write* identity (a second file, e.g. the ``opsbot-actions``
-    ServiceAccount's token, ``deploy/rbac-actions.yaml``); unset: the pod's in-cluster account
+    ServiceAccount's token, ``deploy/components/actions/rbac-actions.yaml``); unset: the pod's in-cluster account
     under ``service_account_token`` below."""
     context: str | None = None
     """Context in ``kubeconfig`` (unset: its current context)."""

@@ -1,9 +1,13 @@
-"""deploy/rbac-actions.yaml grants exactly what the write client sends, to its own account."""
+"""deploy/components/actions grants exactly what the write client sends, to its own account, and
+mounts that account's token beside the pod's read-only one."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bot.actions.catalog import ActionSpec, resource_path
@@ -12,7 +16,11 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def _docs() -> list[dict]:
-    return [d for d in yaml.safe_load_all((DEPLOY / "rbac-actions.yaml").read_text()) if d]
+    return [
+        d
+        for d in yaml.safe_load_all((DEPLOY / "components" / "actions" / "rbac-actions.yaml").read_text())
+        if d
+    ]
 
 
 def test_the_actions_role_holds_exactly_the_verbs_of_the_catalog_and_nothing_else() -> None:
@@ -63,5 +71,33 @@ def test_the_write_account_is_not_the_pods_own_and_is_bound_alone() -> None:
     assert docs["ClusterRoleBinding"]["subjects"] == [
         {"kind": "ServiceAccount", "name": "opsbot-actions", "namespace": "opsbot"}
     ]
-    read_only = (DEPLOY / "rbac.yaml").read_text()
+    read_only = (DEPLOY / "base" / "rbac.yaml").read_text()
     assert "opsbot-actions" not in read_only and "patch" not in read_only
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl renders the kustomization")
+def test_the_component_mounts_the_write_token_where_the_setting_points_and_keeps_the_pods_account(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    overlay = tmp_path / "deploy" / "overlays" / "actions-test"
+    overlay.mkdir(parents=True)
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../../base]\ncomponents: [../../components/actions]\n"
+    )
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod.get("serviceAccountName", "opsbot") == "opsbot"
+    container = next(c for c in pod["containers"] if c["name"] == "opsbot")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    token = env["OPSBOT_ACTIONS__SERVICE_ACCOUNT_TOKEN"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "actions-token")
+    assert token == mount["mountPath"] + "/token" and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "actions-token")
+    assert volume["secret"]["secretName"] == "opsbot-actions-token"

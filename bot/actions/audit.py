@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Table, and_, insert, select, update
 from sqlalchemy.engine import Connection
 
+from bot.metrics import ACTION_EVENTS
 from bot.store import Store
 from bot.store.models import ActionEventRow, ActionRow
 from bot.store.records import utcnow
@@ -197,6 +198,8 @@ class ActionAudit:
 def _event(
     proposal_id: str, event: str, platform: str | None, user: str | None, detail: str | None
 ) -> dict[str, Any]:
+    # counted when the row is made: a transaction that then fails is rare enough to overcount
+    ACTION_EVENTS.labels(platform or "unknown", event).inc()
     return {
         "proposal_id": proposal_id,
         "at": utcnow(),

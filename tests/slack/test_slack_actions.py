@@ -342,3 +342,28 @@ async def expired_value(
 
     await asyncio.sleep(0.1)
     return _buttons(card)["opsbot_action_approve"]
+
+
+async def test_a_mention_in_an_incident_thread_proposes_into_that_thread_and_is_counted(
+    slack: FakeSlack, make_bot: BotFactory, kube: KubernetesSnapshotServer, tmp_path: Path
+) -> None:
+    from prometheus_client import REGISTRY
+
+    def counted(event: str) -> float:
+        return (
+            REGISTRY.get_sample_value("opsbot_action_events_total", {"platform": "slack", "event": event})
+            or 0.0
+        )
+
+    bot, _ = await _bot(make_bot, kube, tmp_path)
+    before = counted("proposed")
+    root = slack.user_message("C1", ASKER, "checkout is failing")
+    event = slack.user_message(
+        "C1", ASKER, f"<@{slack.bot_user_id}> propose cordon node/worker-1", thread_ts=root["ts"]
+    )
+    for e in slack.mention_events(event):
+        assert (await slack.post_to_app(bot.events_url, "event", slack.event_callback(e))).status == 200
+    await slack.wait_for(lambda: len(_cards(slack)) == 1)
+    assert _cards(slack)[0].thread_ts == root["ts"]
+    assert counted("proposed") == before + 1
+    assert applied(kube) == []

@@ -31,7 +31,7 @@ from bot.actions.cards import Card
 from bot.actions.catalog import RISK, ActionError, ActionSpec
 from bot.actions.kube_apply import Applied, ApplyError, KubeApply
 from bot.actions.silences import Silences
-from bot.actions.verify import verify
+from bot.actions.verify import alerts_after, verify
 from bot.config import ActionsSettings
 from bot.errors import PlatformError
 from bot.event_loop import stop_task
@@ -311,6 +311,9 @@ class ActionService:
         )
         mark = ":white_check_mark:" if outcome.ok else ":warning:"
         text = f"{mark} *{spec.describe()}*: {outcome.text} ({outcome.waited_s:.0f} s after applying)."
+        alerts = await alerts_after(spec, self.silences)
+        if alerts is not None:
+            text += f" Alertmanager: {alerts}."
         try:
             await self.audit.verified(record.id, text, record.platform)
         except StoreError as exc:

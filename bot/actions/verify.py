@@ -8,6 +8,9 @@ it ended, in words a person reads in the thread.
 - a deleted pod: gone, or replaced by one with another uid;
 - a cordon / uncordon: the node's ``spec.unschedulable`` says so;
 - a silence: ``active`` (created) or ``expired``.
+
+Then, where an Alertmanager is configured, the alerts still firing for what the action touched
+(:func:`alerts_after`): the namespace's alerts naming the workload or pod, or the node's.
 """
 
 from __future__ import annotations
@@ -103,3 +106,31 @@ def rollout_done(kind: str, obj: dict[str, Any]) -> tuple[bool, str]:
         f"{updated}/{want} updated, {available} available, {total} total "
         f"(generation {observed}/{generation})",
     )
+
+
+async def alerts_after(spec: ActionSpec, silences: Silences) -> str | None:
+    """A line on the alerts still firing (unsilenced) for what ``spec`` touched, or ``None`` when
+    that cannot be said (no Alertmanager, a silence action, Alertmanager unreachable)."""
+    if not silences.settings.alertmanager_url or not spec.is_kubernetes:
+        return None
+    p = spec.params
+    filters = [("active", "true"), ("silenced", "false"), ("inhibited", "false")]
+    if p["kind"] == "node":
+        filters.append(("filter", f'node="{p["name"]}"'))
+    else:
+        filters.append(("filter", f'namespace="{p["namespace"]}"'))
+    try:
+        alerts = await silences.call("GET", "/alerts", params=filters) or []
+    except ApplyError as exc:
+        return f"alerts unknown: {exc}"
+    name = str(p["name"])
+    mine = [
+        a
+        for a in alerts
+        if p["kind"] == "node"
+        or any(str(v) == name or str(v).startswith(name + "-") for v in (a.get("labels") or {}).values())
+    ]
+    if not mine:
+        return f"no alert is firing for {spec.target}"
+    names = sorted({str((a.get("labels") or {}).get("alertname", "?")) for a in mine})
+    return f"{len(mine)} alert(s) still firing for {spec.target}: {', '.join(names[:5])}"

@@ -16,7 +16,7 @@ import pytest
 from bot.actions.catalog import ActionSpec, parse_command
 from bot.actions.kube_apply import ApplyError, KubeApply
 from bot.actions.silences import Silences
-from bot.actions.verify import verify
+from bot.actions.verify import alerts_after, verify
 from bot.config import ActionsSettings
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "context"))
@@ -98,3 +98,26 @@ async def test_a_silence_dry_run_lists_what_it_mutes_then_it_is_created_verified
     finally:
         await silences.close()
         await kube.close()
+
+
+async def test_after_a_restart_the_alerts_still_firing_for_the_workload_are_named(
+    alertmanager: str, tmp_path: Path
+) -> None:
+    settings = ActionsSettings(enabled=True, alertmanager_url=alertmanager, secret="s")
+    silences = Silences(settings)
+    try:
+        api = ActionSpec("rollout_restart", {"kind": "deployment", "namespace": "shop", "name": "api"})
+        line = await alerts_after(api, silences)
+        assert line == "2 alert(s) still firing for deployment/api -n shop: KubePodCrashLooping"
+        web = ActionSpec("rollout_restart", {"kind": "deployment", "namespace": "shop", "name": "web"})
+        assert await alerts_after(web, silences) == "no alert is firing for deployment/web -n shop"
+        node = ActionSpec("cordon", {"kind": "node", "name": "worker-1"})
+        assert (
+            await alerts_after(node, silences)
+            == "1 alert(s) still firing for node/worker-1: NodeDiskPressure"
+        )
+        # silenced alerts no longer count
+        await silences.run(parse_command("silence alertname=KubePodCrashLooping --for 5m"), dry_run=False)
+        assert await alerts_after(api, silences) == "no alert is firing for deployment/api -n shop"
+    finally:
+        await silences.close()

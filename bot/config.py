@@ -624,9 +624,9 @@ class ActionsSettings(ConfigSection):
     enabled: bool = False
     """Offer actions (``/rca propose ...``, proposal cards, Approve / Reject buttons)."""
     kubeconfig: Path | None = None
-    """The kubeconfig of the *write* identity (a second file, e.g. the ``opsbot-actions``
-    ServiceAccount's token, ``deploy/components/actions/rbac-actions.yaml``); unset: the pod's in-cluster account
-    under ``service_account_token`` below."""
+    """The kubeconfig of the *write* identity (a second file, e.g. for the ``opsbot-actions``
+    ServiceAccount of ``deploy/components/actions``); unset: that account's token file under
+    ``service_account_token`` below."""
     context: str | None = None
     """Context in ``kubeconfig`` (unset: its current context)."""
     service_account_token: Path | None = None
@@ -653,6 +653,16 @@ class ActionsSettings(ConfigSection):
     policies: list[ActionPolicySettings] = Field(default_factory=list)
     """Per-channel approval policies, first match wins; a channel no policy matches may see cards
     but nobody may approve them."""
+
+    @model_validator(mode="after")
+    def _secret_when_enabled(self) -> ActionsSettings:
+        if self.enabled and self.secret is None:
+            raise ValueError("actions.secret is required when actions are enabled (it signs every button)")
+        for policy in self.policies:
+            for entry in policy.approvers:
+                if entry.startswith("@") and entry[1:] not in self.groups:
+                    raise ValueError(f"actions.policies: approver {entry!r} names no group in actions.groups")
+        return self
 
 
 class RunbookSettings(ConfigSection):

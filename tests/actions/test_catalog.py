@@ -93,3 +93,17 @@ def test_the_tool_schema_names_every_kind_and_the_digest_changes_with_any_parame
     a = ActionSpec("scale", {"kind": "deployment", "namespace": "a", "name": "b", "replicas": 1})
     b = ActionSpec("scale", {"kind": "deployment", "namespace": "a", "name": "b", "replicas": 2})
     assert a.digest() != b.digest() and ActionSpec.from_json(a.canonical()) == a
+
+
+def test_actions_cannot_be_enabled_without_a_secret_nor_name_an_unknown_group() -> None:
+    from pydantic import ValidationError
+
+    from bot.config import ActionsSettings
+
+    with pytest.raises(ValidationError, match="actions.secret is required"):
+        ActionsSettings(enabled=True)
+    with pytest.raises(ValidationError, match="names no group"):
+        ActionsSettings(secret="s", policies=[{"match": ["C1"], "approvers": ["@sre"]}])
+    assert ActionsSettings(
+        secret="s", groups={"sre": ["U1"]}, policies=[{"match": ["C1"], "approvers": ["@sre"]}]
+    )

@@ -155,6 +155,7 @@ class OpsBot:
                 if hasattr(adapter, "post_card"):
                     adapter.actions = self.actions  # type: ignore[attr-defined]
             self.actions.attach({a.platform: a for a in adapters if hasattr(a, "post_card")})  # type: ignore[misc]
+            self.actions.start()
         for adapter in adapters:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)

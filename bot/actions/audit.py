@@ -140,6 +140,15 @@ class ActionAudit:
         )
         return await self.store.write_now(lambda conn: int(conn.execute(stmt).rowcount) == 1)
 
+    async def overdue(self, limit: int = 100) -> list[ProposalRecord]:
+        """Proposals still ``proposed`` after their expiry (for the expiry sweep)."""
+        stmt = (
+            select(_ACTIONS)
+            .where(and_(_ACTIONS.c.state == "proposed", _ACTIONS.c.expires_at <= utcnow()))
+            .limit(limit)
+        )
+        return [_record(row) for row in await self.store.read_now(stmt)]
+
     async def finish(
         self, proposal_id: str, *, ok: bool, result: str, apply_ms: float, platform: str
     ) -> None:

@@ -108,13 +108,41 @@ class ActionService:
         self.adapters: dict[str, CardPoster] = {}
         self._secret = settings.secret.get_secret_value()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
 
     def attach(self, adapters: Mapping[str, CardPoster]) -> None:
         """The adapters cards are posted through, by platform."""
         self.adapters.update(adapters)
 
+    def start(self, interval_s: float = 30.0) -> None:
+        """Sweep expired proposals in the background (needs a running loop): their cards lose
+        their buttons and say so, even if nobody clicks again."""
+        self._sweeper = asyncio.create_task(self._sweep_forever(interval_s), name="opsbot-actions-expiry")
+
+    async def _sweep_forever(self, interval_s: float) -> None:
+        while True:
+            try:
+                await self.sweep_expired()
+            except StoreError as exc:
+                logger.debug("expiry sweep skipped: %s", exc)
+            except Exception:
+                logger.exception("expiry sweep failed")
+            await asyncio.sleep(interval_s)
+
+    async def sweep_expired(self) -> int:
+        """Mark every overdue proposal of an attached platform expired (one replica wins each) and
+        edit its card; how many this call expired."""
+        done = 0
+        for record in await self.audit.overdue():
+            if record.platform in self.adapters:
+                before = record.state
+                await self._expire(record)
+                done += record.state != before
+        return done
+
     async def close(self) -> None:
-        """Stop verifications in flight; close the write clients."""
+        """Stop the expiry sweep and verifications in flight; close the write clients."""
+        await stop_task(self._sweeper)
         for task in list(self._tasks):
             await stop_task(task)
         await self.kube.close()

@@ -367,3 +367,52 @@ async def test_a_mention_in_an_incident_thread_proposes_into_that_thread_and_is_
     assert _cards(slack)[0].thread_ts == root["ts"]
     assert counted("proposed") == before + 1
     assert applied(kube) == []
+
+
+async def test_an_unclicked_proposal_expires_and_its_card_says_so(
+    slack: FakeSlack, make_bot: BotFactory, kube: KubernetesSnapshotServer, tmp_path: Path
+) -> None:
+    bot, _ = await _bot(make_bot, kube, tmp_path, expiry_s=0.2)
+    svc = bot.adapter.actions
+    assert svc is not None
+    svc.start(interval_s=0.05)
+    await svc.propose(
+        ActionSpec("cordon", {"kind": "node", "name": "worker-1"}),
+        ["x"],
+        ThreadRef("slack", "C1", None, ASKER),
+    )
+    card = _cards(slack)[0]
+
+    def expired() -> bool:
+        now = slack.find("C1", card.ts)
+        blocks = now.blocks or [] if now is not None else []
+        return not any(b["type"] == "actions" for b in blocks) and any(
+            "Expired" in b["text"]["text"] for b in blocks if b["type"] == "section"
+        )
+
+    await slack.wait_for(expired, timeout_s=10)
+    record = (await svc.audit.proposals())[0]
+    assert record.state == "expired" and applied(kube) == []
+
+
+async def test_a_click_over_socket_mode_is_decided_the_same_way(
+    slack: FakeSlack, make_bot: BotFactory, kube: KubernetesSnapshotServer, tmp_path: Path
+) -> None:
+    bot = await make_bot()  # Socket Mode: the payload comes over the app-token link, unsigned by design
+    policy = {"match": ["C1"], "approvers": [APPROVER]}
+    svc = service(actions_settings(kube, tmp_path, policies=[policy]), bot.store, {"slack": bot.adapter})
+    _SERVICES.append(svc)
+    bot.adapter.actions = svc
+    await svc.propose(
+        ActionSpec("cordon", {"kind": "node", "name": "worker-1"}),
+        ["x"],
+        ThreadRef("slack", "C1", None, ASKER),
+    )
+    card = _cards(slack)[0]
+    value = _buttons(card)["opsbot_action_approve"]
+    await slack.deliver("interactive", slack.block_action(card, "U0STRANGER", "opsbot_action_approve", value))
+    await slack.wait_for(lambda: len(_to(slack, "U0STRANGER")) == 1)
+    assert applied(kube) == []
+    await slack.deliver("interactive", slack.block_action(card, APPROVER, "opsbot_action_approve", value))
+    await slack.wait_for(lambda: len(_to(slack, APPROVER)) == 1)
+    assert applied(kube) == ["PATCH /api/v1/nodes/worker-1"]

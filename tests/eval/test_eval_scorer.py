@@ -79,3 +79,23 @@ def test_no_expectation_is_neither_passed_nor_failed():
 def test_a_case_asking_for_numbers_the_prompt_never_showed_is_reported():
     expect = Expectation(objects=[["worker-6d5f7c9b8-kq2lp"]], numbers=[["768Mi"], ["137"]])
     assert missing_from_context(expect, CONTEXT) == ["768Mi"]
+
+
+QUESTION = "why does worker-6d5f7c9b8-kq2lp in payments keep restarting?"
+
+
+def test_an_answer_that_only_echoes_the_question_is_failed_and_credited_with_nothing():
+    answer = f'<<<DATA id=ab12cd34 label="chat message">>>\n{QUESTION}\n<<<END DATA id=ab12cd34>>>>>'
+    result = score(answer, EXPECT, CONTEXT, question=QUESTION)
+    assert result.failure == "echoed the prompt"
+    assert result.object_named is False and result.passed is False
+    assert score("<<<END DATA id=ab12cd34>>>", EXPECT, CONTEXT, question=QUESTION).failure == "empty"
+
+
+def test_a_name_found_only_in_the_copied_question_is_not_credited():
+    answer = f"You asked: {QUESTION} The container was OOMKilled with exit code 137 at 512Mi."
+    result = score(answer, EXPECT, CONTEXT, question=QUESTION)
+    assert result.failure is None and result.reason_named is True and result.numbers_exact is True
+    assert result.object_named is False  # the pod's name is there only inside the echoed question
+    own = "worker-6d5f7c9b8-kq2lp was OOMKilled (exit code 137) at its 512Mi limit."
+    assert score(own, EXPECT, CONTEXT, question=QUESTION).passed is True

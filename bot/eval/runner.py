@@ -267,6 +267,7 @@ class EvalRunner:
             context=gatherer,
             model_name=self.model_name,
             thread=self.settings.thread,
+            answer=self.settings.answer,  # the watchdog's stall_s as configured (a slow CPU needs more)
         )
         adapter = CaptureAdapter()
         message = await self._message(case)

@@ -522,6 +522,7 @@ async def _chat_session(settings: Settings, err: Console, demo: Any = None) -> i
 
 
 async def _run(settings: Settings, err: Console) -> int:
+    from bot.adapters.base import ChatAdapter
     from bot.adapters.registry import build_adapters
     from bot.app import OpsBot
 
@@ -534,12 +535,28 @@ async def _run(settings: Settings, err: Console) -> int:
         return await run_engine_host(settings, progress)
     bot = OpsBot(settings, progress=progress)
     bot.install_signal_handlers()
+    adapters: list[ChatAdapter] = []
+
+    async def preflight() -> None:
+        # What a user can get wrong fails now, in a second, not after the model has loaded.
+        bot.reserve_http()
+        assert bot.store is not None
+        adapters.extend(build_adapters(settings, bot.store))
+        checked: list[ChatAdapter] = []
+        try:
+            for adapter in adapters:
+                progress(f"checking the {adapter.platform} credentials ...")
+                await adapter.preflight()
+                checked.append(adapter)
+        except BaseException:
+            for adapter in checked:  # their sessions are open; nothing else will close them
+                await adapter.close()
+            raise
+
     try:
-        await bot.start_core()
+        await bot.start_core(before_engine=preflight)
         if bot.stop_requested:  # SIGTERM while the engine loaded: no platform connections to undo
             return bot.exit_code
-        assert bot.store is not None
-        adapters = build_adapters(settings, bot.store)
         if not adapters:
             err.print(
                 "no chat platform enabled (slack.enabled / mattermost.enabled): serving HTTP only; "

@@ -115,9 +115,10 @@ class KubernetesProvider(ContextProvider):
         """``GET /version`` from the API server (any HTTP answer, even a refusal, is an answer)."""
         try:
             api = await self._client()
-            await asyncio.wait_for(client.VersionApi(api).get_code(), self.settings.timeout_s)
         except (ConfigException, OSError, ValueError) as exc:
             return f"cannot configure client: {exc}"
+        try:
+            await asyncio.wait_for(client.VersionApi(api).get_code(), self.settings.timeout_s)
         except TimeoutError:
             return f"no answer from {self.target} within {self.settings.timeout_s:g} s"
         except client.ApiException as exc:

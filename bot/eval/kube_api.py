@@ -140,6 +140,7 @@ class KubernetesSnapshotServer:
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         app.router.add_get("/api/v1/namespaces", self._list_namespaces)
         app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # kubernetes-asyncio's VersionApi asks this
         for prefix, plural in _ROUTES:
             handler = functools.partial(self._list_kind, prefix, plural)
             one = functools.partial(self._get_kind, prefix, plural)
@@ -155,7 +156,17 @@ class KubernetesSnapshotServer:
     async def _version(self, request: web.Request) -> web.Response:
         # The health check's call (kubectl version asks the same); fixed, as a pinned server's.
         return web.json_response(
-            {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
+            {
+                "major": "1",
+                "minor": "31",
+                "gitVersion": "v1.31.0",
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2024-08-13T07:28:49Z",
+                "goVersion": "go1.22.5",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
         )
 
     async def start(self) -> str:

@@ -21,9 +21,14 @@ Errors form a small tree::
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import enum
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 
 class Lane(enum.StrEnum):
@@ -286,3 +291,20 @@ class ChatTokenizer(abc.ABC):
     @abc.abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` (special tokens skipped)."""
+
+
+async def drain_running(
+    label: str, running: Callable[[], int], idle: Callable[[], Awaitable[object]], timeout_s: float
+) -> int:
+    """The first half of every engine's shutdown: wait up to ``timeout_s`` for the requests running
+    now to finish (``idle()`` resolves when none is left) and return how many still run, for the
+    engine to abort its own way. Both steps are logged under ``label``."""
+    count = running()
+    if count:
+        logger.info("%s: draining %d request(s) for up to %.1f s", label, count, timeout_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(idle(), max(timeout_s, 0.0))
+    left = running()
+    if left:
+        logger.warning("%s: aborting %d request(s) still running at shutdown", label, left)
+    return left

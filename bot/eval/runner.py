@@ -30,8 +30,8 @@ from bot.eval.evidence import FactEvidence, served_text, trace
 from bot.eval.scorer import Score, missing_from_context, score
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
+from bot.replay import bundle_from_dict
 from bot.store import Store
-from bot.store.replay import bundle_from_dict
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 from inference.engine import (
     ChatMessage,

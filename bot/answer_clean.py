@@ -5,7 +5,10 @@ A small model copies the prompt it was given: the fence markers of :mod:`bot.pro
 defences, each in one place:
 
 - :data:`STOP_SEQUENCES`, added to every request's stop list (:func:`with_fence_stops`), so an
-  engine ends the answer where a fence marker would begin (every engine honours ``stop``).
+  engine ends the answer where an opening fence marker would begin: what follows is the prompt's
+  data copied back (every engine honours ``stop``). A closing marker is no stop: SmolLM2 on
+  llama.cpp starts most answers with ``<<<END DATA id=…>>`` and then answers (bench/results/
+  eval-smollm2-2026-12-01.json); stopping there would leave nothing. The cleaning removes it.
 - :func:`clean_answer`, applied to every text shown (streamed or final), stored as a thread turn,
   written by ``opsbot analyze`` or read back as history: whatever fence markup the stops missed
   (a marker the model misspelt, history stored by an older opsbot) is removed.
@@ -21,9 +24,10 @@ from dataclasses import replace
 
 from inference.engine import SamplingSettings
 
-STOP_SEQUENCES: tuple[str, ...] = ("<<<DATA", "<<<END DATA", "<<< END DATA", "<<<END")
-"""Where an answer ends: the start of any fence marker (a model copying its prompt's markup).
-Not ``<<<`` alone, which a shell here-string in a suggested command may need."""
+STOP_SEQUENCES: tuple[str, ...] = ("<<<DATA", "<<< DATA")
+"""Where an answer ends: the start of an opening fence marker (a model copying its prompt's data).
+Not ``<<<`` alone, which a shell here-string in a suggested command may need, and not the closing
+marker (see the module doc)."""
 
 EMPTY = "empty"
 """Verdict: nothing left once fence markup is removed."""

@@ -44,6 +44,8 @@ ECHOING = (
 """What SmolLM2 answered in the issue: a real start, then the prompt's fence markup copied."""
 MISSPELT = "checkout-api is OOMKilled.\n<<END DATA id=4f2a9c1e>> exit code 137"
 """Markup no stop string matches (two brackets): the cleaning removes it."""
+CLOSING_FIRST = "<<<END DATA id=4f2a9c1e>>\n\nThe pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
+"""How SmolLM2 on llama.cpp starts most answers: the closing marker, then the answer itself."""
 
 
 def test_fence_markers_and_their_debris_are_removed_and_the_rest_is_kept() -> None:
@@ -169,6 +171,12 @@ async def echoing(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
 
 
 @pytest.fixture
+async def closing_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(CLOSING_FIRST, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
 async def misspelling(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
     async for remote in _remote(MISSPELT, tiny_model, tmp_path):
         yield remote
@@ -205,3 +213,11 @@ async def test_markup_no_stop_catches_is_cleaned_and_the_follow_up_never_replays
     follow_up = misspelling.tap.seen[-1]
     replayed = [m.content for m in follow_up if m.role == "assistant"]
     assert replayed == ["checkout-api is OOMKilled.\n exit code 137", "old answer"]
+
+
+async def test_an_answer_after_a_leading_closing_marker_is_kept_without_the_marker(
+    closing_first: Remote,
+) -> None:
+    await closing_first.adapter._submit(closing_first.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
+    shown = closing_first.out.getvalue()
+    assert "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)." in shown and "<<<" not in shown

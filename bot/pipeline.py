@@ -105,6 +105,10 @@ STALLED_TEXT = (
     ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
 )
+EMPTY_ANSWER_TEXT = (
+    ":warning: {model} gave no answer: it only copied the prompt's markup back. A larger model "
+    "answers (engine.model; the README recommends one per machine)."
+)
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
 FAILURE_NOTE_WAIT_S = 10.0
 """Seconds the note about a stalled or undelivered answer may take (the platform may be what failed)."""
@@ -568,6 +572,11 @@ class Pipeline:
                 message.request_id, prepared.events, stream, record, sources, hold
             )
         await sources
+        if error is None and result is not None and result.output_tokens and not text.strip():
+            # Nothing left once fence markup is removed (a small model copying its prompt): say so,
+            # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
+            error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
+            record.error = "the answer was empty once fence markup was removed"
         shown = text
         if scenario == POSTMORTEM and error is None and text:
             shown = await postmortem.deliver(

@@ -46,6 +46,8 @@ MISSPELT = "checkout-api is OOMKilled.\n<<END DATA id=4f2a9c1e>> exit code 137"
 """Markup no stop string matches (two brackets): the cleaning removes it."""
 CLOSING_FIRST = "<<<END DATA id=4f2a9c1e>>\n\nThe pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
 """How SmolLM2 on llama.cpp starts most answers: the closing marker, then the answer itself."""
+ONLY_DATA = '<<<DATA id=4f2a9c1e label="Kubernetes: pods">>>\ncheckout-api-7d9f4 Running'
+"""An answer that opens a data fence at once: the stop leaves nothing."""
 
 
 def test_fence_markers_and_their_debris_are_removed_and_the_rest_is_kept() -> None:
@@ -177,6 +179,12 @@ async def closing_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remot
 
 
 @pytest.fixture
+async def only_data(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(ONLY_DATA, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
 async def misspelling(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
     async for remote in _remote(MISSPELT, tiny_model, tmp_path):
         yield remote
@@ -221,3 +229,12 @@ async def test_an_answer_after_a_leading_closing_marker_is_kept_without_the_mark
     await closing_first.adapter._submit(closing_first.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
     shown = closing_first.out.getvalue()
     assert "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)." in shown and "<<<" not in shown
+
+
+async def test_an_answer_with_nothing_left_says_so_and_stores_no_turn(only_data: Remote) -> None:
+    await only_data.adapter._submit(only_data.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
+    shown = only_data.out.getvalue()
+    assert "tiny-chat gave no answer: it only copied the prompt's markup back" in shown
+    assert "<<<" not in shown and "Running" not in shown
+    history = await only_data.store.thread_history("console", "terminal", only_data.adapter.session)
+    assert [t.role for t in history] == ["user"]

@@ -848,6 +848,14 @@ class Settings(BaseSettings):
         check_engines(self)
         return self
 
+    @model_validator(mode="after")
+    def _scenarios_valid(self) -> Settings:
+        # Checked here, at load: a bad [scenarios.X] field must not wait for the model to load.
+        from inference.scenarios import ScenarioRegistry
+
+        ScenarioRegistry(self.sampling_overrides())
+        return self
+
     def engine_configs(self) -> dict[str, EngineConfig]:
         """Every engine by name: ``default`` (``[engine]``) first, then the ``[engines.NAME]`` blocks."""
         return {DEFAULT_ENGINE: self.engine, **self.engines}

@@ -108,3 +108,11 @@ def test_an_unknown_demo_case_names_the_ones_there_are(tmp_path: Path) -> None:
     proc = run(["chat", "--demo", "no-such-case"], tmp_path)
     assert proc.returncode == 2
     assert "--demo no-such-case: no such built-in case" in proc.stderr and "oom-worker" in proc.stderr
+
+
+def test_a_scenario_field_from_the_environment_is_typed_or_named_at_load(tmp_path: Path) -> None:
+    from inference.scenarios import ScenarioRegistry
+
+    assert ScenarioRegistry({"chat": {"max_tokens": "48", "stop": '["\\n\\n"]'}}).get("chat").max_tokens == 48
+    proc = run(["config", "show"], tmp_path, env={"OPSBOT_SCENARIOS__ROOT_CAUSE__MAX_TOKENS": "lots"})
+    assert_one_line_error(proc, "scenarios.root_cause.max_tokens: 'lots' is not a whole number")

@@ -18,13 +18,16 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
 from bot import __version__, event_loop
 from bot.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
+
+if TYPE_CHECKING:  # the demo pulls in the eval's cases and servers: only `chat --demo` loads it
+    from bot.eval.demo import Demo
 
 logger = logging.getLogger("opsbot")
 
@@ -475,7 +478,7 @@ async def _chat(settings: Settings, demo_case: str | None, err: Console) -> int:
         return EXIT_USAGE
 
 
-async def _chat_session(settings: Settings, err: Console, demo: Any = None) -> int:
+async def _chat_session(settings: Settings, err: Console, demo: Demo | None = None) -> int:
     """The REPL: start-up on one status line, the banner, then the conversation."""
     from bot.adapters.console import ConsoleAdapter
     from bot.app import OpsBot, submit_to

@@ -34,12 +34,14 @@ EMPTY = "empty"
 ECHO = "echoed the prompt"
 """Verdict: the answer is (almost) all text copied from its prompt."""
 
-# A fence marker, whole or cut short, as the prompt writes it or as a model misspells it: the
+# A fence marker, whole or cut short, as the prompt writes it or as a model misspells it: three
 # angle brackets (or the defused ‹‹‹ of bot.prompts.defuse), an optional END, DATA, and what follows
-# up to the closing brackets or the end of the line.
+# up to the closing brackets or the end of the line; with two brackets only when the tag follows
+# (``cat <<DATA`` / ``<<END`` here-documents in a suggested command stay).
 _MARKER = re.compile(
-    r"(?:<{2,}|‹{2,})[ \t]*/?[ \t]*(?:END[ \t]*)?DATA\b[^\n<>‹›]*(?:>+|›+)?"
-    r"|(?:<{2,}|‹{2,})[ \t]*END\b[^\n<>‹›]*(?:>+|›+)?",
+    r"(?:<{3,}|‹{3,})[ \t]*/?[ \t]*(?:END[ \t]*)?DATA\b[^\n<>‹›]*(?:>+|›+)?"
+    r"|(?:<{2}|‹{2})[ \t]*(?:END[ \t]*)?DATA[ \t]+id=[^\n<>‹›]*(?:>+|›+)?"
+    r"|(?:<{3,}|‹{3,})[ \t]*END[ \t]+id=[^\n<>‹›]*(?:>+|›+)?",
     re.IGNORECASE,
 )
 # What a marker leaves behind when a model breaks it up: a line of nothing but angle brackets, a

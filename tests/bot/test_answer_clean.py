@@ -60,6 +60,8 @@ def test_fence_markers_and_their_debris_are_removed_and_the_rest_is_kept() -> No
     assert clean_answer(once) == once
     command = 'run `grep -c x <<< "$line"` and `echo $((a << 2))`'
     assert clean_answer(command) == command
+    heredoc = "cat <<DATA > /tmp/x\nkey: value\nDATA\ncat <<END\nEND"
+    assert clean_answer(heredoc) == heredoc
 
 
 def test_the_stop_list_gains_the_fence_markers_and_keeps_configured_stops() -> None:

@@ -330,7 +330,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "stats":
         return event_loop.run(_stats(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "chat":
-        return event_loop.run(_chat(settings, args.demo, err), settings.event_loop)
+        return event_loop.run(_chat(settings, args.demo, err, debug=args.debug), settings.event_loop)
     if args.command == "run":
         from bot import workers
 
@@ -463,22 +463,24 @@ async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, 
     return 0
 
 
-async def _chat(settings: Settings, demo_case: str | None, err: Console) -> int:
+async def _chat(settings: Settings, demo_case: str | None, err: Console, *, debug: bool = False) -> int:
     """``opsbot chat``, or with ``--demo`` a built-in incident's chat (:mod:`bot.eval.demo`)."""
     if demo_case is None:
-        return await _chat_session(settings, err)
+        return await _chat_session(settings, err, debug=debug)
     from bot.eval.cases import CaseError
     from bot.eval.demo import DEFAULT_CASE, demo
 
     try:
         async with demo(settings, demo_case or DEFAULT_CASE) as running:
-            return await _chat_session(running.settings, err, demo=running)
+            return await _chat_session(running.settings, err, demo=running, debug=debug)
     except CaseError as exc:
         err.print(f"opsbot: {exc}", markup=False)
         return EXIT_USAGE
 
 
-async def _chat_session(settings: Settings, err: Console, demo: Demo | None = None) -> int:
+async def _chat_session(
+    settings: Settings, err: Console, demo: Demo | None = None, *, debug: bool = False
+) -> int:
     """The REPL: start-up on one status line, the banner, then the conversation."""
     from bot.adapters.console import ConsoleAdapter
     from bot.app import OpsBot, submit_to
@@ -507,7 +509,9 @@ async def _chat_session(settings: Settings, err: Console, demo: Demo | None = No
             f"[bold]opsbot {__version__} chat[/bold]",
             model_line(model, backend, random_weights=is_test_model(Path(model), "tiny")),
             sources_line(checks, demo=demo is not None),
-            f"log: {chat_log_path(settings)} (--debug: on this screen)",
+            "log: on this screen (--debug)"
+            if debug
+            else f"log: {chat_log_path(settings)} (--debug: on this screen)",
         ]
         if demo is not None:
             lines.append(f"demo incident: {demo.case.title} (built-in case {demo.case.id}; nothing is real)")

@@ -14,8 +14,9 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -27,6 +28,7 @@ from bot.claims import ClaimSweeper
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine_set
+from bot.errors import StartupError
 from bot.event_loop import running_loop_name
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline
@@ -63,6 +65,7 @@ class OpsBot:
         self.adapters: list[ChatAdapter] = []
         self.http_runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self._http_socket: socket.socket | None = None
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
         self.sweeper: ClaimSweeper | None = None
@@ -70,14 +73,22 @@ class OpsBot:
         self._stop = asyncio.Event()
         self.exit_code = 0
 
-    async def start_core(self, engines_built: tuple[EngineSet, dict[str, str]] | None = None) -> Pipeline:
+    async def start_core(
+        self,
+        engines_built: tuple[EngineSet, dict[str, str]] | None = None,
+        *,
+        before_engine: Callable[[], Awaitable[None]] | None = None,
+    ) -> Pipeline:
         """Store, engine, context and pipeline (what ``opsbot chat`` needs). ``engines_built``: an
         engine set made elsewhere and its models by name (a worker's, over the bridge to the
-        engine host) instead of the configured engines."""
+        engine host) instead of the configured engines. ``before_engine``: checks that need the
+        store and must fail before the model loads (``opsbot run``'s port and platform tokens)."""
         s = self.settings
         self.progress(f"event loop: {running_loop_name()}")
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
+        if before_engine is not None:
+            await before_engine()
         if engines_built is None:
             engines_built = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)
         engines, models = engines_built
@@ -124,6 +135,20 @@ class OpsBot:
         )
         return self.pipeline
 
+    def reserve_http(self) -> None:
+        """Bind the HTTP port now, before the model loads: a taken port fails in a second, not after
+        minutes of loading (:meth:`start_service` serves on this socket)."""
+        h = self.settings.http
+        if not h.enabled or self._http_socket is not None:
+            return
+        try:
+            self._http_socket = socket.create_server((h.host, h.port), backlog=128)
+        except OSError as exc:
+            raise StartupError(
+                f"http.port {h.port} on {h.host} cannot be bound: {exc.strerror or exc}. Fix: set http.port "
+                "(OPSBOT_HTTP__PORT) to a free port, stop what holds it, or http.enabled = false"
+            ) from None
+
     async def start_service(self, adapters: list[ChatAdapter]) -> None:
         """HTTP server and chat adapters on top of ``start_core``."""
         assert self.pipeline is not None and self.engine is not None and self.store is not None
@@ -148,8 +173,9 @@ class OpsBot:
                 max_body_bytes=self.settings.http.max_body_bytes,
             )
             self.http_runner, self.http_port = await start_http(
-                app, self.settings.http.host, self.settings.http.port
+                app, self.settings.http.host, self.settings.http.port, sock=self._http_socket
             )
+            self._http_socket = None  # the server owns it now
         if self.actions is not None:
             for adapter in adapters:
                 if hasattr(adapter, "post_card"):
@@ -228,6 +254,8 @@ class OpsBot:
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()
+        if self._http_socket is not None:  # reserved, never served (start-up stopped first)
+            self._http_socket.close()
         if self.slo is not None:
             await self.slo.stop()
         if self.engine is not None:

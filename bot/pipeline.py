@@ -28,13 +28,14 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.answer_clean import clean_answer, with_fence_stops
 from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -105,6 +106,10 @@ SHUTDOWN_TEXT = (
 STALLED_TEXT = (
     ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
+)
+EMPTY_ANSWER_TEXT = (
+    ":warning: {model} gave no answer: it only copied the prompt's markup back. A larger model "
+    "answers (engine.model; the README recommends one per machine)."
 )
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
 ACTIONS_OFF_TEXT = (
@@ -543,7 +548,7 @@ class Pipeline:
         """Everything before the first word: thread history and cluster context (:meth:`_gather`),
         the prompt, and the request submitted to the scenario's engine (its events buffered in a
         :class:`_StartedStream` until the reply reads them)."""
-        sampling = self.scenarios.get(scenario)
+        sampling = with_fence_stops(self.scenarios.get(scenario))
         engine_name, engine = self.engines.engine_for(scenario)
         prompts = self.prompts_by_engine.get(engine_name, self.prompts)
         history, bundle, context_ms = await self._gather(message, thread_id, scenario, lane, adapter, own)
@@ -611,6 +616,11 @@ class Pipeline:
                 message.request_id, prepared.events, stream, record, sources, hold
             )
         await sources
+        if error is None and result is not None and result.output_tokens and not text.strip():
+            # Nothing left once fence markup is removed (a small model copying its prompt): say so,
+            # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
+            error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
+            record.error = "the answer was empty once fence markup was removed"
         shown = text
         if scenario == POSTMORTEM and error is None and text:
             shown = await postmortem.deliver(
@@ -695,6 +705,11 @@ class Pipeline:
             context_ms = (time.perf_counter() - t0) * 1000
             metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
+        # Turns stored before answers were cleaned may hold fence markup: never replay it.
+        history = [
+            replace(turn, content=clean_answer(turn.content)) if turn.role == "assistant" else turn
+            for turn in history
+        ]
         read = await thread_task if thread_task else None
         if read is not None:
             await self.urgent_first.step_aside(lane)  # the thread's posts are parsed and redacted
@@ -808,7 +823,7 @@ class Pipeline:
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(count_secrets(text)[0])
+                        await reply.update(count_secrets(clean_answer(text))[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):
@@ -828,9 +843,10 @@ class Pipeline:
             record.queue_ms = result.queue_ms
             record.ttft_ms = result.ttft_ms
             record.tpot_ms = result.tpot_ms
-        # One text for the thread, the postmortem file and the stored turn: what no store or
-        # platform takes (NUL, lone surrogates: a random model emits them) is replaced here once.
-        return clean_text(redact(text)), result, error
+        # One text for the thread, the postmortem file and the stored turn: fence markup the stops
+        # missed is removed, and what no store or platform takes (NUL, lone surrogates: a random
+        # model emits them) is replaced, here once.
+        return clean_text(redact(clean_answer(text))), result, error
 
     async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
         if record.e2e_ms is None:  # ended before an answer was complete: time to the failure

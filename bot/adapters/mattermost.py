@@ -61,6 +61,7 @@ from bot.adapters.ratelimit import BudgetTimeout, Priority, ticket
 from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
 from bot.adapters.websocket import WebSocketLink
 from bot.config import MattermostSettings
+from bot.errors import PlatformError, PlatformRejected, StartupError
 from bot.http import accepts
 from bot.metrics import REPLIES_FAILED
 from bot.retry import RetryBudget
@@ -195,6 +196,25 @@ class MattermostAdapter(ChatAdapter):
         self._channel_names: dict[str, str | None] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def preflight(self) -> None:
+        """``GET /users/me`` with the bot's token."""
+        await self.rest.start()
+        try:
+            await self.rest.me()
+        except PlatformRejected as exc:
+            await self.rest.close()
+            raise StartupError(
+                f"mattermost.token (OPSBOT_MATTERMOST__TOKEN) was refused by {self.rest.base_url}: {exc}. "
+                "Fix: create a new access token for the bot account (System Console > Integrations > "
+                "Bot Accounts) and set it"
+            ) from None
+        except PlatformError as exc:
+            await self.rest.close()
+            raise StartupError(
+                f"Mattermost cannot be reached at {self.rest.base_url}: {exc}. Fix: check mattermost.url, "
+                "scheme and port (OPSBOT_MATTERMOST__URL ...) and that the server is up"
+            ) from None
+
     async def start(self, submit: MessageSink) -> None:
         """Log in (``GET /users/me``), read the post limit, list channels, open the websocket."""
         self._submit = submit

@@ -76,6 +76,7 @@ from bot.adapters.slack_format import (
 from bot.adapters.slack_reply import SIGN_OF_LIFE_KEY, STREAM_UNAVAILABLE, SlackReply
 from bot.adapters.slack_socket import SocketModeConnections
 from bot.config import RetrySettings, SlackSettings
+from bot.errors import PlatformError, PlatformRejected, StartupError
 from bot.http import accepts
 from bot.metrics import REPLIES_FAILED
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
@@ -194,9 +195,34 @@ class SlackAdapter(ChatAdapter):
         app.action(re.compile(r"^opsbot_action_(approve|reject)$"))(self._on_action_click)
         return app
 
-    async def start(self, submit: MessageSink) -> None:
-        """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
-        self._submit = submit
+    async def preflight(self) -> None:
+        """``auth.test`` with the bot token, and in Socket Mode ``apps.connections.open`` with the
+        app token (a connection URL that is never used: it expires unopened)."""
+        self._open_session()
+        checks: list[tuple[str, str, str | None]] = [("auth.test", "bot_token", None)]
+        if self.settings.mode == "socket" and self.settings.app_token is not None:
+            checks.append(("apps.connections.open", "app_token", self.settings.app_token.get_secret_value()))
+        try:
+            for method, key, token in checks:
+                try:
+                    await self.call(method, {}, token=token)
+                except PlatformRejected as exc:
+                    raise StartupError(
+                        f"slack.{key} (OPSBOT_SLACK__{key.upper()}) was refused by Slack's {method} at "
+                        f"{self.settings.api_base_url}: {getattr(exc, 'error', exc)}. Fix: copy the "
+                        f"{'xoxb-' if key == 'bot_token' else 'xapp-'} token again from the app's settings "
+                        "page (a reinstalled app has new tokens)"
+                    ) from None
+                except PlatformError as exc:
+                    raise StartupError(
+                        f"Slack cannot be reached at slack.api_base_url {self.settings.api_base_url}: "
+                        f"{exc}. Fix: check the network or slack.api_base_url (OPSBOT_SLACK__API_BASE_URL)"
+                    ) from None
+        except BaseException:
+            await self._close_session()
+            raise
+
+    def _open_session(self) -> None:
         if self.client.session is None or self.client.session.closed:
             # One pooled session for every Web API call: without it slack_sdk opens (and over
             # HTTPS handshakes) a new connection for each call, the largest share of a busy
@@ -205,6 +231,11 @@ class SlackAdapter(ChatAdapter):
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=self.client.timeout),
             )
+
+    async def start(self, submit: MessageSink) -> None:
+        """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
+        self._submit = submit
+        self._open_session()
         try:
             await self._connect()
         except BaseException:  # a start that failed leaves no open connections behind

@@ -111,6 +111,24 @@ class KubernetesProvider(ContextProvider):
             await self._api.close()
             self._api = None
 
+    async def check(self) -> str | None:
+        """``GET /version`` from the API server (any HTTP answer, even a refusal, is an answer)."""
+        try:
+            api = await self._client()
+        except (ConfigException, OSError, ValueError) as exc:
+            return f"cannot configure client: {exc}"
+        try:
+            await asyncio.wait_for(client.VersionApi(api).get_code(), self.settings.timeout_s)
+        except TimeoutError:
+            return f"no answer from {self.target} within {self.settings.timeout_s:g} s"
+        except client.ApiException as exc:
+            if exc.status in (401, 403):
+                return f"{self.target} refused the credentials (HTTP {exc.status})"
+            return None
+        except Exception as exc:  # aiohttp's connection errors and the like
+            return api_error(exc)
+        return None
+
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Pods, events, logs, workloads, nodes and the hops from them relevant to ``request``."""
         try:

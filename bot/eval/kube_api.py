@@ -10,12 +10,13 @@ as for a read-only service account): the list calls of
 ``/api/v1`` (pods, events, nodes, namespaces, services, configmaps, secrets, persistentvolumeclaims,
 persistentvolumes), ``/apis/apps/v1`` (deployments, statefulsets, replicasets, daemonsets),
 ``/apis/discovery.k8s.io/v1/endpointslices``, ``/apis/storage.k8s.io/v1/storageclasses``,
-``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}``, each also in
-its namespaced form unless cluster-scoped, and each object by name (``.../{name}``); a pod's
-``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices follow the pods a Service selects, as
-the controller keeps them. Secrets are served with planted values (``SECRET-VALUE-<key>``) so a test
-can prove none reaches a prompt. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists,
-!exists) and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
+``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}`` (and
+``/version``), each also in its namespaced form unless cluster-scoped, and each object by name
+(``.../{name}``); a pod's ``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices
+follow the pods a Service selects, as the controller keeps them. Secrets are served with planted
+values (``SECRET-VALUE-<key>``) so a test can prove none reaches a prompt. List calls honour
+``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (dotted paths, =
+and !=). Errors are ``Status`` objects.
 
 Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.delay(r"/pods", 5.0)`` or
 ``server.garbage(r"/pods", "<html>bad gateway</html>", "text/html")`` (200 with a body the API never sends).
@@ -140,6 +141,8 @@ class KubernetesSnapshotServer(LocalApiServer):
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         app.router.add_get("/api/v1/namespaces", self._list_namespaces)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # kubernetes-asyncio's VersionApi asks this
         for prefix, plural in _ROUTES:
             handler = functools.partial(self._list_kind, prefix, plural)
             one = functools.partial(self._get_kind, prefix, plural)
@@ -153,6 +156,22 @@ class KubernetesSnapshotServer(LocalApiServer):
         if self.write_token is not None:
             add_write_routes(self, app)
         return app
+
+    async def _version(self, request: web.Request) -> web.Response:
+        # The health check's call (kubectl version asks the same); fixed, as a pinned server's.
+        return web.json_response(
+            {
+                "major": "1",
+                "minor": "31",
+                "gitVersion": "v1.31.0",
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2024-08-13T07:28:49Z",
+                "goVersion": "go1.22.5",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        )
 
     def write_kubeconfig(self, path: Path, context: str = "fake-cluster", token: str | None = None) -> Path:
         """A kubeconfig (JSON is YAML) with one context pointing at this server."""

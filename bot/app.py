@@ -16,6 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -38,12 +39,25 @@ from inference.engine import ChatMessage
 from inference.engine_set import EngineSet
 from inference.scenarios import ScenarioRegistry
 
+if TYPE_CHECKING:  # the loop pulls in every tool's client; imported only when it is on
+    from bot.investigate import Investigator
+
 logger = logging.getLogger(__name__)
 
 EXIT_ENGINE_DEAD = 70
 """Exit status when the engine died for good (EX_SOFTWARE), so a supervisor restarts the pod."""
 
 ProgressFn = Callable[[str], None]
+
+
+def investigator_for(settings: Settings, gatherer: ContextGatherer) -> Investigator | None:
+    """The investigation loop over ``gatherer``'s clients (``None`` when ``[investigate]`` is off)."""
+    if not settings.investigate.enabled:
+        return None
+    from bot.investigate import Investigator
+    from bot.tools.registry import ToolRegistry
+
+    return Investigator(ToolRegistry(gatherer), settings.investigate)
 
 
 class OpsBot:
@@ -115,6 +129,7 @@ class OpsBot:
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
+            investigator=investigator_for(s, self.context),
         )
         return self.pipeline
 

@@ -82,6 +82,16 @@ _VLLM_LOGGING = {
 }
 
 
+def structured_outputs(s: SamplingSettings) -> Any:
+    """vLLM's constraint for ``s.json_schema`` (its ``StructuredOutputsParams``: xgrammar or guidance
+    as the engine's ``structured_outputs_config`` picks), or ``None`` for free text."""
+    if s.json_schema is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(json=json.loads(s.json_schema))
+
+
 def route_vllm_logging() -> None:
     """Keep vLLM's log lines off stdout (where ``opsbot chat`` prints the answer).
 
@@ -610,6 +620,7 @@ class VllmEngine(Engine):
             stop=list(s.stop) or None,
             ignore_eos=s.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs(s),
         )
 
     def _check_ready(self) -> AsyncLLM:

@@ -50,16 +50,6 @@ EXIT_ENGINE_DEAD = 70
 ProgressFn = Callable[[str], None]
 
 
-def investigator_for(settings: Settings, gatherer: ContextGatherer) -> Investigator | None:
-    """The investigation loop over ``gatherer``'s clients (``None`` when ``[investigate]`` is off)."""
-    if not settings.investigate.enabled:
-        return None
-    from bot.investigate import Investigator
-    from bot.tools.registry import ToolRegistry
-
-    return Investigator(ToolRegistry(gatherer), settings.investigate)
-
-
 class OpsBot:
     """One running opsbot: its store, engine, pipeline, HTTP server and adapters."""
 
@@ -129,9 +119,18 @@ class OpsBot:
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
-            investigator=investigator_for(s, self.context),
+            investigator=self._investigator(),
         )
         return self.pipeline
+
+    def _investigator(self) -> Investigator | None:
+        """The investigation loop over the gatherer's clients (``None`` when ``[investigate]`` is off;
+        imported only then: it pulls in every tool)."""
+        if not self.settings.investigate.enabled or self.context is None:
+            return None
+        from bot.investigate import build_investigator
+
+        return build_investigator(self.settings, self.context)
 
     async def start_service(self, adapters: list[ChatAdapter]) -> None:
         """HTTP server and chat adapters on top of ``start_core``."""

@@ -178,6 +178,13 @@ def build_parser() -> OneLineParser:
     ev.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable)")
     ev.add_argument("--max-tokens", type=int, help="answer tokens per case (default: the scenario's)")
     ev.add_argument(
+        "--loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the investigation loop (tool calls after the context) on or off for every case "
+        "(default: [investigate] enabled)",
+    )
+    ev.add_argument(
         "--evidence-only",
         action="store_true",
         help="gather and build every prompt, trace the decisive facts, generate no answer "

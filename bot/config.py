@@ -662,7 +662,7 @@ class InvestigateSettings(ConfigSection):
     """Budget per lane; the urgent lane's is small by default (someone is waiting)."""
     max_output_tokens: int = Field(400, ge=32)
     """Tokens one tool call's output may bring (cut by whole lines, with a note of what was cut)."""
-    decision_max_tokens: int = Field(192, ge=16)
+    decision_max_tokens: int = Field(320, ge=16)
     """Tokens one tool call may take to write (its strings are bounded by the schema, so this is a
     safety net, not a limit a well-formed call meets)."""
     tool_timeout_s: float = Field(5.0, gt=0)

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot import metrics
-from bot.config import InvestigateSettings, LaneBudget
+from bot.config import InvestigateSettings, LaneBudget, Settings
 from bot.context.base import ContextBundle
+from bot.context.gatherer import ContextGatherer
 from bot.prompts import defuse, fence
 from bot.store import StepRecord, ThreadMessage
 from bot.tools.registry import ToolBox, ToolRegistry, ToolResult
@@ -110,6 +111,13 @@ class Investigation:
     def parsed_calls(self) -> int:
         """Decisions that parsed and named an offered tool (``final_answer`` included)."""
         return sum(1 for s in self.calls if s.status != "unparsed")
+
+
+def build_investigator(settings: Settings, gatherer: ContextGatherer) -> Investigator | None:
+    """The loop of ``settings.investigate`` over ``gatherer``'s clients (``None`` when it is off)."""
+    if not settings.investigate.enabled:
+        return None
+    return Investigator(ToolRegistry(gatherer), settings.investigate)
 
 
 class Investigator:

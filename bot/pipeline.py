@@ -42,7 +42,7 @@ from bot.context.scope import ChannelRef
 from bot.context.thread import thread_context, thread_failed
 from bot.errors import AnswerStalled, PlatformError
 from bot.postmortem import DraftProgress
-from bot.progress import AnswerWatch
+from bot.progress import AnswerWatch, waiting_for_engine
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
@@ -455,12 +455,16 @@ class Pipeline:
                     since=message.posted_at,
                 )
                 if early is not None:
-                    prepared = await early
+                    # Gathering and the investigation's steps are bounded by their own deadlines
+                    # (context.timeout_s, the lane's wall_s): their time is not a stall.
+                    with waiting_for_engine():
+                        prepared = await early
                 else:  # asked in a thread: read back without the placeholder just posted there
                     own = tuple(reply.posted_ids())
-                    prepared = await self._prepare(
-                        message, reply.thread_id, scenario, lane, record, adapter, own, steps
-                    )
+                    with waiting_for_engine():
+                        prepared = await self._prepare(
+                            message, reply.thread_id, scenario, lane, record, adapter, own, steps
+                        )
                 await self._answer_into(message, reply, scenario, record, adapter, prepared, hold)
         except AnswerStalled as exc:
             await self._stalled(message, adapter, reply, record, exc)

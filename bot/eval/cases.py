@@ -97,7 +97,7 @@ _CLUSTER_KEYS = {
     "cronjobs",
     "jobs",
 }
-_EXPECT_KEYS = {"objects", "reasons", "numbers"}
+_EXPECT_KEYS = {"objects", "reasons", "numbers", "root_cause"}
 
 
 class CaseError(OpsbotError, ValueError):
@@ -111,6 +111,9 @@ class Expectation:
     objects: list[list[str]] = field(default_factory=list)
     reasons: list[list[str]] = field(default_factory=list)
     numbers: list[list[str]] = field(default_factory=list)
+    root_cause: list[list[str]] = field(default_factory=list)
+    """The root-cause entities an investigation must name (ITBench-AA style), each
+    ``[Kind] namespace/name`` with alternatives: ``Pod payments/worker-6d5f7c9b8-kq2lp``."""
 
     @property
     def empty(self) -> bool:
@@ -119,7 +122,10 @@ class Expectation:
 
     def as_dict(self) -> dict[str, list[list[str]]]:
         """JSON-ready form (the shape :func:`parse_expect` reads back)."""
-        return {"objects": self.objects, "reasons": self.reasons, "numbers": self.numbers}
+        found = {"objects": self.objects, "reasons": self.reasons, "numbers": self.numbers}
+        if self.root_cause:
+            found["root_cause"] = self.root_cause
+        return found
 
 
 @dataclass(slots=True)

@@ -77,7 +77,7 @@ class PromQuery(_PromTool):
         """query, minutes, unit, cluster."""
         return obj(
             {
-                "query": string("PromQL expression.", 300),
+                "query": string("PromQL expression.", 120),
                 "minutes": integer("Range in minutes; 0 for the current value.", 0, 1440),
                 "unit": string("Unit of the values.", enum=list(_UNITS)),
                 "cluster": _cluster_arg(scope),

@@ -76,9 +76,13 @@ ANSWER_TURN = (
 
 ROOT_CAUSE_TURN = (
     "Write the root cause of the answer above as JSON: the failing objects (kind, namespace, name) and "
-    "up to four claims, each with the step numbers that support it."
+    "up to three short claims, each with the step numbers that support it."
 )
 """The user turn of the root-cause block (a constrained step after the answer)."""
+
+_ROOT_CAUSE_MAX_TOKENS = 640
+"""Room for the longest block the schema allows (its strings and lists are bounded), so a block is
+never cut off mid-JSON."""
 
 _KINDS = ["Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Node", "Service",
           "PersistentVolumeClaim", "PersistentVolume", "Namespace", "HorizontalPodAutoscaler", "ConfigMap",
@@ -431,7 +435,7 @@ def root_cause_schema(last_step: int) -> dict[str, Any]:
             "root_cause": {
                 "type": "array",
                 "minItems": 1,
-                "maxItems": 3,
+                "maxItems": 2,
                 "items": {
                     "type": "object",
                     "properties": {
@@ -445,11 +449,11 @@ def root_cause_schema(last_step: int) -> dict[str, Any]:
             },
             "claims": {
                 "type": "array",
-                "maxItems": 4,
+                "maxItems": 3,
                 "items": {
                     "type": "object",
                     "properties": {
-                        "claim": {"type": "string", "maxLength": 160},
+                        "claim": {"type": "string", "maxLength": 100},
                         "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": step_ref},
                     },
                     "required": ["claim", "steps"],

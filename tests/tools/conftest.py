@@ -4,8 +4,10 @@ planted instruction in the api's log), and a gatherer whose channel ``C-SHOP`` m
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes.shop_cluster import cluster
@@ -14,6 +16,7 @@ from bot.config import ChannelScopeSettings, KubernetesSettings, PrometheusSetti
 from bot.context.gatherer import ContextGatherer
 from bot.eval.kube_api import KubernetesSnapshotServer
 from bot.eval.prom_api import PrometheusSnapshotServer, Series
+from inference.config import EngineConfig
 
 
 @pytest.fixture
@@ -62,3 +65,23 @@ async def gatherer(
     found = ContextGatherer.from_settings(settings)
     yield found
     await found.close()
+
+
+WINDOW = 8192
+"""SmolLM2-135M's context window (the loop's transcript grows into it)."""
+
+
+@pytest.fixture
+async def engine(smollm2_gguf: Path) -> AsyncIterator[Any]:
+    """The llama.cpp engine on SmolLM2-135M (skips without llama-cpp-python, except in CI)."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("llama_cpp")
+    from inference.llamacpp_engine import LlamaCppEngine
+
+    # One slot: each step finds the last step's tokens in the same llama.cpp context.
+    started = LlamaCppEngine(
+        EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=2, max_model_len=WINDOW)
+    )
+    await started.start()
+    yield started
+    await started.shutdown(1.0)

@@ -5,10 +5,6 @@ end it, and a planted instruction in a log line changes neither the tools nor th
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 from fakes.shop_cluster import PLANTED
 
@@ -19,28 +15,12 @@ from bot.investigate import ANSWER_TURN, Investigator
 from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder
 from bot.tools.registry import ToolRegistry
 from bot.types import StepUpdate
-from inference.config import EngineConfig
 from inference.engine import ChatMessage, Lane, SamplingSettings
-
-if os.environ.get("CI") != "true":
-    pytest.importorskip("llama_cpp")
-
-from inference.llamacpp_engine import LlamaCppEngine  # noqa: E402
+from inference.llamacpp_engine import LlamaCppEngine
 
 pytestmark = pytest.mark.timeout(600)
 
 WINDOW = 8192
-
-
-@pytest.fixture
-async def engine(smollm2_gguf: Path) -> AsyncIterator[LlamaCppEngine]:
-    # One slot: each step finds the last step's tokens in the same llama.cpp context.
-    started = LlamaCppEngine(
-        EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=2, max_model_len=WINDOW)
-    )
-    await started.start()
-    yield started
-    await started.shutdown(1.0)
 
 
 def investigator(gatherer: ContextGatherer, steps: int, wall_s: float = 300.0) -> Investigator:

@@ -387,9 +387,10 @@ async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, 
     store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
     try:
         records = await store.requests_between(since, until)
+        steps = await store.steps_between(since, until)
     finally:
         await store.close()
-    report = build_report(records, since, until, args.by)
+    report = build_report(records, since, until, args.by, steps)
     if args.json:
         print(json.dumps(render_json(report), indent=2))
     elif args.csv:

@@ -166,7 +166,10 @@ class Investigator:
             return None
         scope = self.registry.scope_for(bundle, history)
         box = self.registry.box(
-            scope, max_output_tokens=self.settings.max_output_tokens, count=tokenizer.count
+            scope,
+            max_output_tokens=self.settings.max_output_tokens,
+            count=tokenizer.count,
+            timeout_s=self.settings.tool_timeout_s,
         )
         if not box.specs:
             return None

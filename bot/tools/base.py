@@ -109,7 +109,6 @@ class Tool(abc.ABC):
 
     name: str = "abstract"
     description: str = ""
-    timeout_s: float = 5.0
 
     @abc.abstractmethod
     def parameters(self, scope: ToolScope) -> dict[str, Any]:

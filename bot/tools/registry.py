@@ -84,18 +84,33 @@ class ToolRegistry:
             thread_sections=[s for s in (bundle.sections if bundle else []) if s.source == THREAD_SOURCE],
         )
 
-    def box(self, scope: ToolScope, *, max_output_tokens: int, count: Callable[[str], int]) -> ToolBox:
-        """A request's tool box: the tools available in ``scope``, each output capped in tokens."""
-        return ToolBox([t for t in self.tools if t.available(scope)], scope, max_output_tokens, count)
+    def box(
+        self,
+        scope: ToolScope,
+        *,
+        max_output_tokens: int,
+        count: Callable[[str], int],
+        timeout_s: float = 5.0,
+    ) -> ToolBox:
+        """A request's tool box: the tools available in ``scope``, each call within ``timeout_s``
+        and its output capped at ``max_output_tokens``."""
+        available = [t for t in self.tools if t.available(scope)]
+        return ToolBox(available, scope, max_output_tokens, count, timeout_s)
 
 
 class ToolBox:
     """The tools one investigation may call, and the calls it made (see the module docstring)."""
 
     def __init__(
-        self, tools: Sequence[Tool], scope: ToolScope, max_output_tokens: int, count: Callable[[str], int]
+        self,
+        tools: Sequence[Tool],
+        scope: ToolScope,
+        max_output_tokens: int,
+        count: Callable[[str], int],
+        timeout_s: float = 5.0,
     ) -> None:
         self.tools = {t.name: t for t in tools}
+        self.timeout_s = timeout_s
         self.scope = scope
         self.max_output_tokens = max_output_tokens
         self.count = count
@@ -134,10 +149,10 @@ class ToolBox:
             )
         self._seen.add(key)
         try:
-            output = await asyncio.wait_for(tool.run(call.arguments, self.scope), tool.timeout_s)
+            output = await asyncio.wait_for(tool.run(call.arguments, self.scope), self.timeout_s)
         except TimeoutError:
             return ToolResult(
-                call, "timeout", f"{call.name} took longer than {tool.timeout_s:g} s and was stopped"
+                call, "timeout", f"{call.name} took longer than {self.timeout_s:g} s and was stopped"
             )
         except ToolError as exc:
             return ToolResult(call, "error", redact(str(exc), where="tools"))

@@ -23,14 +23,19 @@ from inference.tool_calls import (
 )
 
 
-async def shop_box(gatherer: ContextGatherer, max_output_tokens: int = 400) -> ToolBox:
+async def shop_box(
+    gatherer: ContextGatherer, max_output_tokens: int = 400, timeout_s: float = 5.0
+) -> ToolBox:
     """The tool box of a question asked in the shop channel (scope: namespace shop only)."""
     bundle = await gatherer.gather(
         "why is api crashing?", scenario="root_cause", channel=ChannelRef("slack", "C-SHOP")
     )
     registry = ToolRegistry(gatherer)
     return registry.box(
-        registry.scope_for(bundle), max_output_tokens=max_output_tokens, count=lambda t: len(t.split())
+        registry.scope_for(bundle),
+        max_output_tokens=max_output_tokens,
+        count=lambda t: len(t.split()),
+        timeout_s=timeout_s,
     )
 
 
@@ -153,3 +158,13 @@ def test_decisions_parse_against_the_offered_tools_only() -> None:
         "name": "kube_get",
         "arguments": {"kind": "pod"},
     }
+
+
+async def test_a_slow_source_is_a_timeout_the_model_reads(
+    gatherer: ContextGatherer, kube: KubernetesSnapshotServer
+) -> None:
+    box = await shop_box(gatherer, timeout_s=0.3)
+    kube.delay(r".*/nodes/worker-1$", 2.0)
+    result = await box.call(ToolCall("kube_node", {"node": "worker-1"}))
+    assert result.status == "timeout"
+    assert result.text == "kube_node took longer than 0.3 s and was stopped"

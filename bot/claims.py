@@ -16,11 +16,11 @@ which is a new owner) takes each claim over (an UPDATE only one replica wins), p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Protocol
 
+from bot.event_loop import stop_task
 from bot.store import RequestRecord, Store, StoreError
 from bot.store.records import Claim, utcnow
 
@@ -60,11 +60,8 @@ class ClaimSweeper:
 
     async def stop(self) -> None:
         """Stop sweeping (shutdown)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _sweep_forever(self) -> None:
         while True:

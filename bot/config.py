@@ -20,7 +20,6 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from bot.analyze.grouping import INSTANCE_LABELS
 from bot.errors import OpsbotError
 from inference.config import AdmissionConfig, ConfigSection, EngineConfig
 from inference.engine import Lane
@@ -751,6 +750,37 @@ class SloSettings(ConfigSection):
                     f"ops_channel {self.ops_channel!r} is not 'platform:channel' (e.g. 'slack:C0OPS')"
                 )
         return self
+
+
+INSTANCE_LABELS: frozenset[str] = frozenset(
+    {
+        "instance",
+        "exported_instance",
+        "pod",
+        "pod_name",
+        "exported_pod",
+        "kubernetes_pod_name",
+        "pod_ip",
+        "pod_uid",
+        "node",
+        "nodename",
+        "node_name",
+        "kubernetes_node",
+        "hostname",
+        "host",
+        "host_ip",
+        "ip",
+        "address",
+        "container_id",
+        "id",
+        "uid",
+        "image_id",
+        "replica",
+        "prometheus_replica",
+        "__replica__",
+    }
+)
+"""Labels that name *which one* of many alike things fired (a pod, a node, a scrape target)."""
 
 
 class AnalyzeSettings(ConfigSection):

@@ -12,6 +12,7 @@ profiler that wants pure-Python frames, a platform without uvloop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 from collections.abc import Callable, Coroutine
@@ -71,3 +72,13 @@ def running_loop_name() -> str:
     metadata)."""
     loop = asyncio.get_running_loop()
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
+async def stop_task(task: asyncio.Future[Any] | None) -> None:
+    """Cancel ``task`` (a background loop: a sweeper, a supervisor, an edit loop) and wait until it
+    has ended, so nothing it does outlives its owner's stop. ``None`` or a finished task is fine."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

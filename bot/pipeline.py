@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from bot import metrics, postmortem
+from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
 from bot.config import AnswerSettings, ThreadSettings
@@ -46,7 +46,7 @@ from bot.progress import AnswerWatch, waiting_for_engine
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
-from bot.store import RequestRecord, Store, ThreadMessage, replay
+from bot.store import RequestRecord, Store, ThreadMessage
 from bot.store.records import Claim, StepRecord, percentile
 from bot.types import (
     FinalAnswer,
@@ -169,10 +169,10 @@ class Pipeline:
     def submit(self, message: IncomingMessage, adapter: ChatAdapter) -> asyncio.Task[None]:
         """Take ``message`` (already acknowledged by its adapter) and answer it in a task owned here.
 
-        The task runs as request ``message.request_id`` (every log line it writes carries the id).
+        The task runs as request ``message.request_id`` (:meth:`handle` sets it, once: every log
+        line the answer writes carries it).
         """
-        with request_scope(message.request_id):
-            return self.track(self.handle(message, adapter), f"answer-{message.request_id}")
+        return self.track(self.handle(message, adapter), f"answer-{message.request_id}")
 
     def track(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``work`` (an inbound receiver's processing) as work in flight that :meth:`drain` waits for."""
@@ -405,8 +405,7 @@ class Pipeline:
             engine=engine_name,
         )
         logger.info(
-            "request %s: %s/%s %s lane=%s engine=%s",
-            request_id,
+            "%s/%s %s lane=%s engine=%s",
             message.platform,
             message.channel,
             scenario,
@@ -433,7 +432,7 @@ class Pipeline:
                     reply = await adapter.open_reply(message)
                 except PlatformError as exc:
                     metrics.REPLIES_FAILED.labels(message.platform).inc()
-                    logger.error("request %s: cannot post the placeholder: %s", request_id, exc)
+                    logger.error("cannot post the placeholder: %s", exc)
                     record.status, record.error = exc.request_status, f"placeholder: {exc}"[:500]
                     # Best effort: the asker at least learns why (a command's response URL often
                     # still works).
@@ -492,7 +491,7 @@ class Pipeline:
         """The watchdog gave the answer up: stop its reply, count and log it, and tell the asker in
         the thread where the platform still takes a note."""
         metrics.ANSWERS_STALLED.labels(message.platform).inc()
-        logger.error("request %s: answer stopped by the watchdog: %s", message.request_id, exc)
+        logger.error("answer stopped by the watchdog: %s", exc)
         record.status, record.error = exc.request_status, str(exc)[:500]
         if reply is not None:
             reply.abandon()
@@ -507,7 +506,7 @@ class Pipeline:
         try:
             await asyncio.wait_for(adapter.send_notice(where, text), FAILURE_NOTE_WAIT_S)
         except (PlatformError, TimeoutError) as failed:
-            logger.warning("request %s: the failure note could not be posted: %s", message.request_id, failed)
+            logger.warning("the failure note could not be posted: %s", failed)
 
     async def _prepare(
         self,
@@ -547,7 +546,7 @@ class Pipeline:
         except (EngineGenerateError, EngineDeadError) as exc:
             # The model server's own tokenizer (engine.backend = "openai") fails like the engine.
             prepared.error = _engine_failure(exc, record)
-            logger.warning("request %s: %s", message.request_id, record.error)
+            logger.warning("%s", record.error)
             return prepared
         prepared.plan = plan
         messages, token_ids = plan.messages, plan.token_ids
@@ -649,7 +648,7 @@ class Pipeline:
             await reply.finish(answer)
         except PlatformError as exc:
             metrics.REPLIES_FAILED.labels(message.platform).inc()
-            logger.error("request %s: reply could not be posted: %s", message.request_id, exc)
+            logger.error("reply could not be posted: %s", exc)
             record.status, record.error = exc.request_status, f"post: {exc}"[:500]
             await self._note(message, adapter, reply, UNDELIVERED_TEXT.format(detail=exc))
         record.post_ms = (time.perf_counter() - post_started) * 1000
@@ -885,7 +884,7 @@ class Pipeline:
             events.close()
         if error is not None:
             record.error = record.error or error
-            logger.warning("request %s: %s", request_id, record.error)
+            logger.warning("%s", record.error)
         if result is not None:
             text = result.text
             record.cached_tokens = result.cached_tokens

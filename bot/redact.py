@@ -898,6 +898,66 @@ _PROSE_USE_AS = re.compile(
     r"(?:password|passphrase|pw|token|secret|api[ _-]?key)"
 )
 
+# Secrets made of plain words: a Google app password ("abcd efgh ijkl mnop"), a diceware
+# passphrase ("correct horse battery staple"), recovery / backup codes ("1a2b3-c4d5e 9f8e7-d6c5b").
+# No single word of them looks secret, so only the keyword before them can tell.
+_WORD_SECRET_KEYWORDS = (
+    "passphrase", "pass phrase", "pass-phrase", "app password", "app-password", "app specific password",
+    "app-specific password", "application password", "seed phrase", "recovery phrase", "mnemonic",
+    "recovery code", "recovery key", "backup code", "wifi key", "wpa key",
+)  # fmt: skip
+_WORD_SECRET = re.compile(
+    r"(?i)(?:" + "|".join(re.escape(k).replace(r"\ ", r"[ \t]") for k in _WORD_SECRET_KEYWORDS) + r")s?\b"
+    # up to four words in between ("for the office wifi"), then is / are / : / =
+    r"(?:[ \t]+[\w\-]{1,20}){0,4}?[ \t]*(?:(?:\b(?:is|are|was|were)\b|[:=])[ \t]*[*_`'\"]?"
+    # an app password (four groups of four letters) is its own evidence: no "is" needed
+    r"|[ \t](?=(?-i:[a-z]{4}(?:[ -][a-z]{4}){3})(?![\w-])))"
+    r"(?P<value>"
+    r"(?-i:[a-z]{4}(?:[ -][a-z]{4}){3})(?![\w-])"
+    r"|(?=[A-Za-z0-9-]*\d)[A-Za-z0-9]{4,10}-[A-Za-z0-9]{4,10}"  # codes: groups with a digit somewhere
+    r"(?:[ \t]*,?[ \t]+(?=[A-Za-z0-9-]*\d)[A-Za-z0-9]{4,10}-[A-Za-z0-9]{4,10})*(?![\w-])"
+    r"|(?-i:[a-z]{2,12}(?:[ \t-][a-z]{2,12}){2,23})"  # a passphrase: three words or more
+    r"(?=[*_`'\"]?[ \t]*(?:\r?\n|$|[.,;!?)\]]))"  # ... that ends its sentence or line
+    r")"
+)
+_PLAIN_WORDS = frozenset({
+    "a", "an", "the", "and", "or", "but", "not", "no", "of", "to", "in", "on", "at", "by", "for",
+    "from", "with", "into", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its",
+    "this", "that", "these", "those", "we", "you", "they", "he", "she", "i", "me", "my", "our",
+    "your", "their", "his", "her", "has", "have", "had", "do", "does", "did", "will", "would",
+    "should", "can", "could", "must", "may", "please", "see", "ask", "check", "use", "set",
+    "stored", "kept", "saved", "rotated", "expired", "changed", "updated", "reset", "revoked",
+    "regenerated", "required", "needed", "missing", "wrong", "invalid", "incorrect", "same",
+    "still", "now", "also", "only", "just", "here", "there", "too", "very", "short", "long",
+    "empty", "unset", "blank", "none", "null", "vault", "team", "entry", "manager", "file",
+    "enabled", "disabled", "supported", "configured", "generated", "printed", "shown", "below",
+    "above", "attached", "shared", "sent", "known", "unknown", "documented", "where", "when",
+})  # fmt: skip
+"""Words a passphrase-shaped value holds only when it is a sentence about the secret ("the
+passphrase is stored in vault"), not the secret."""
+
+
+_SEED_LENGTHS = frozenset({12, 15, 18, 21, 24})
+
+
+def _word_secret(match: re.Match[str]) -> str:
+    """The value after a word-secret keyword, unless it is a sentence about the secret."""
+    value = match.group("value")
+    words = re.split(r"[ \t,-]+", value.lower())
+    sentence = (
+        value[:1].islower()
+        and len(words) >= 3
+        and not any(c.isdigit() for c in value)
+        # 12 to 24 words in steps of 3 is a BIP-39 seed phrase, whose word list has "about", "above"
+        and len(words) not in _SEED_LENGTHS
+        and any(word in _PLAIN_WORDS for word in words)
+    )
+    if sentence:
+        return match.group(0)
+    start = match.start("value") - match.start()
+    return match.group(0)[:start] + REDACTED + match.group(0)[match.end("value") - match.start() :]
+
+
 # -- the entropy fallback: a random-looking string near a secret-like word ------------------------
 _CANDIDATE = re.compile(r"(?<![\w\-+/.~])[A-Za-z0-9][A-Za-z0-9_\-+/.~]{15,}={0,2}(?![\w=])")
 _PATH = re.compile(r"[a-z0-9_.\-]*(?:/[a-z0-9_.\-]*)+")
@@ -1590,6 +1650,7 @@ _RULES: list[_Rule] = [
     ("prose", _gated(Anchored(_PROSE_BARE, _BARE_WORDS), words=True), _quoted_literal),
     ("prose", _gated(Anchored(_PROSE, PROSE_WORDS, tail=_PROSE_TAILS), words=True), _prose),
     ("prose", _gated(Anchored(_PROSE_USE_AS, ["use"]), "use", words=True), _quoted_literal),
+    ("prose", Anchored(_WORD_SECRET, _WORD_SECRET_KEYWORDS), _word_secret),
     # user:password after an auth-like word (haproxy's "stats auth admin:pw", "creds app:pw").
     (
         "prose",

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from bot import metrics
 from bot.adapters.base import ChatAdapter
 from bot.config import SloSettings
+from bot.event_loop import stop_task
 from bot.store.records import percentile
 from inference.admission import LANE_ORDER, AdmissionController, AdmittedEngine
 from inference.engine import Engine, Lane
@@ -255,11 +256,8 @@ class SloGuard:
 
     async def stop(self) -> None:
         """Stop the background evaluations (limits stay as they are: the engine stops next)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -441,8 +441,7 @@ class AdmittedEngine(Engine):
             cap = self.controller.max_tokens_cap(request.lane)
             if cap is not None and request.sampling.max_tokens > cap:
                 logger.debug(
-                    "request %s: max_tokens %d capped to %d",
-                    request.request_id,
+                    "max_tokens %d capped to %d",
                     request.sampling.max_tokens,
                     cap,
                 )
@@ -450,8 +449,7 @@ class AdmittedEngine(Engine):
             # Pacing delays background requests by design; only long waits are news.
             if ticket.waited_s > 1.0:
                 logger.info(
-                    "request %s admitted after %.0f ms in the %s lane",
-                    request.request_id,
+                    "request admitted after %.0f ms in the %s lane",
                     ticket.waited_s * 1e3,
                     request.lane.value,
                 )
@@ -472,8 +470,7 @@ class AdmittedEngine(Engine):
                     except TimeoutError:
                         assert timeout is not None
                         logger.warning(
-                            "request %s aborted: still running %.0f s after admission",
-                            request.request_id,
+                            "request aborted: still running %.0f s after admission",
                             timeout,
                         )
                         raise RequestTimeoutError(request.request_id, timeout) from None

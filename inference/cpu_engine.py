@@ -53,6 +53,7 @@ from inference.engine import (
     RequestAbortedError,
     SamplingSettings,
     TextDelta,
+    drain_running,
 )
 from inference.gguf import find_gguf, is_gguf_ref
 from inference.tokenization import HFChatTokenizer
@@ -296,16 +297,10 @@ class CpuEngine(Engine):
             in_flight = len(self._requests)
             if in_flight:
                 self._idle_waiter = (loop, idle)
-        if in_flight:
-            logger.info("%s draining %d request(s), up to %.1f s", self._label, in_flight, drain_timeout_s)
-            try:
-                await asyncio.wait_for(idle, timeout=max(drain_timeout_s, 0.0))
-            except TimeoutError:
-                logger.warning(
-                    "%s aborting %d request(s) still running at shutdown", self._label, len(self._requests)
-                )
-            finally:
-                self._idle_waiter = None
+        try:
+            await drain_running(self._label, lambda: len(self._requests), lambda: idle, drain_timeout_s)
+        finally:
+            self._idle_waiter = None
         for req in list(self._requests.values()):
             self._abort_request(req, "the engine shut down")
         if self._executor is not None:

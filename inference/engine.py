@@ -21,10 +21,15 @@ Errors form a small tree::
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import enum
-from collections.abc import AsyncIterator, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class Lane(enum.StrEnum):
@@ -305,3 +310,20 @@ class ChatTokenizer(abc.ABC):
     @abc.abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` (special tokens skipped)."""
+
+
+async def drain_running(
+    label: str, running: Callable[[], int], idle: Callable[[], Awaitable[object]], timeout_s: float
+) -> int:
+    """The first half of every engine's shutdown: wait up to ``timeout_s`` for the requests running
+    now to finish (``idle()`` resolves when none is left) and return how many still run, for the
+    engine to abort its own way. Both steps are logged under ``label``."""
+    count = running()
+    if count:
+        logger.info("%s: draining %d request(s) for up to %.1f s", label, count, timeout_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(idle(), max(timeout_s, 0.0))
+    left = running()
+    if left:
+        logger.warning("%s: aborting %d request(s) still running at shutdown", label, left)
+    return left

@@ -99,6 +99,7 @@ from inference.engine import (
     RequestAbortedError,
     SamplingSettings,
     TextDelta,
+    drain_running,
 )
 
 logger = logging.getLogger(__name__)
@@ -485,16 +486,7 @@ class OpenAIEngine(Engine):
             self._state = "stopped"
             return
         self._state = "stopping"
-        if self._active:
-            logger.info(
-                "openai engine: draining %d request(s) for up to %.0f s", len(self._active), drain_timeout_s
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), max(drain_timeout_s, 0.0))
-        if self._active:
-            logger.warning(
-                "openai engine: aborting %d request(s) still running at shutdown", len(self._active)
-            )
+        if await drain_running("openai engine", lambda: len(self._active), self._idle.wait, drain_timeout_s):
             for call in list(self._active.values()):
                 call.abort("stopped: the engine shut down")
             # Their streams are closed, so the server stops them; readers learn on their next read.
@@ -882,7 +874,7 @@ class OpenAIEngine(Engine):
             self._server_lost(reason)
             return EngineDeadError(reason)
         if status >= 500:
-            logger.warning("request %s failed on the model server: %s %s", rid, status, message)
+            logger.warning("the request failed on the model server: %s %s", status, message)
             return EngineGenerateError(f"the model server failed this request ({status}: {message})")
         return EngineGenerateError(f"the model server refused this request ({status}: {message})")
 
@@ -975,7 +967,7 @@ def _loads(data: str) -> dict[str, Any]:
 def _stream_error(error: Any, rid: str) -> EngineGenerateError:
     message = error.get("message", error) if isinstance(error, dict) else error
     code = error.get("code") if isinstance(error, dict) else None
-    logger.warning("request %s: the model server reported an error mid-answer: %s (%s)", rid, message, code)
+    logger.warning("the model server reported an error mid-answer: %s (%s)", message, code)
     return EngineGenerateError(f"the model server failed while answering: {message}")
 
 

@@ -33,7 +33,6 @@ from inference.engine import (
     EngineStartupError,
     GenerationRequest,
     GenerationResult,
-    SamplingSettings,
 )
 from inference.quant import QuantizationError, resolve_quantization
 from inference.tokenization import HFChatTokenizer
@@ -43,10 +42,11 @@ from inference.vllm_engine import (
     engine_args_kwargs,
     is_local_model,
     route_vllm_logging,
+    sampling_params,
 )
 
 if TYPE_CHECKING:  # vLLM is imported lazily at run time
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
 logger = logging.getLogger(__name__)
 
@@ -178,26 +178,6 @@ class OfflineBatchEngine:
             return self.max_num_seqs
         return max(1, min(self.max_num_seqs, int(kv // tokens_per_request)))
 
-    def _params(self, s: SamplingSettings, prompt_len: int) -> SamplingParams:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        room = self.config.max_model_len - prompt_len
-        if room <= 0:
-            raise EngineGenerateError(
-                f"the prompt is {prompt_len} tokens and the context window is {self.config.max_model_len}"
-            )
-        return SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=min(s.max_tokens, room),
-            repetition_penalty=s.repetition_penalty,
-            seed=s.seed,
-            stop=list(s.stop) or None,
-            ignore_eos=s.ignore_eos,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-
     def run(
         self, requests: Sequence[GenerationRequest], on_done: BatchCallback, stop: threading.Event
     ) -> OfflineRunStats:
@@ -218,7 +198,7 @@ class OfflineBatchEngine:
                 raise ValueError("the offline engine takes rendered prompts (prompt_token_ids)")
             ids = [int(i) for i in request.prompt_token_ids]
             try:
-                params = self._params(request.sampling, len(ids))
+                params = sampling_params(request.sampling, len(ids), self.config.max_model_len, stream=False)
                 engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=ids), params)
             except (EngineGenerateError, ValueError) as exc:
                 failed += 1

@@ -54,6 +54,7 @@ from inference.engine import (
     RequestAbortedError,
     SamplingSettings,
     TextDelta,
+    drain_running,
 )
 from inference.quant import QuantizationError, QuantizationInfo, check_gpu_support, resolve_quantization
 from inference.tokenization import HFChatTokenizer
@@ -216,6 +217,35 @@ def engine_args_kwargs(config: EngineConfig, quantization: str | None = None) ->
         kwargs["compilation_config"] = {"mode": config.compilation_level}
     kwargs.update(config.extra_engine_args)
     return kwargs
+
+
+def sampling_params(
+    s: SamplingSettings, prompt_len: int, max_model_len: int, *, stream: bool
+) -> SamplingParams:
+    """vLLM's sampling parameters for ``s`` (the one place they are built, online and offline):
+    the answer's token limit shrinks to the room the context window leaves after the prompt.
+    ``stream`` asks for deltas as they decode (the online engine); otherwise the finished output
+    only (the offline batch). Raises :class:`EngineGenerateError` when the prompt leaves no room."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    room = max_model_len - prompt_len
+    if room <= 0:
+        raise EngineGenerateError(
+            f"the prompt is {prompt_len} tokens and the context window is {max_model_len}; "
+            "shorten the question or the context"
+        )
+    return SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_tokens=min(s.max_tokens, room),
+        repetition_penalty=s.repetition_penalty,
+        seed=s.seed,
+        stop=list(s.stop) or None,
+        ignore_eos=s.ignore_eos,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured_outputs(s),
+    )
 
 
 class _StatsSink:
@@ -601,28 +631,6 @@ class VllmEngine(Engine):
 
     # --- requests ------------------------------------------------------------------------------
 
-    def _sampling_params(self, s: SamplingSettings, prompt_len: int) -> SamplingParams:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        room = self.config.max_model_len - prompt_len
-        if room <= 0:
-            raise EngineGenerateError(
-                f"the prompt is {prompt_len} tokens and the context window is {self.config.max_model_len}; "
-                "shorten the question or the context"
-            )
-        return SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=min(s.max_tokens, room),
-            repetition_penalty=s.repetition_penalty,
-            seed=s.seed,
-            stop=list(s.stop) or None,
-            ignore_eos=s.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            structured_outputs=structured_outputs(s),
-        )
-
     def _check_ready(self) -> AsyncLLM:
         if self._state == "ready" and self._llm is not None:
             return self._llm
@@ -648,7 +656,7 @@ class VllmEngine(Engine):
         else:
             assert request.messages is not None
             ids = self._tokenizer.render(request.messages)
-        params = self._sampling_params(request.sampling, len(ids))
+        params = sampling_params(request.sampling, len(ids), self.config.max_model_len, stream=True)
         priority = request.lane.vllm_priority if self.config.scheduling_policy == "priority" else 0
         prompt = TokensPrompt(prompt_token_ids=ids)
         self._active[rid] = t0
@@ -691,7 +699,7 @@ class VllmEngine(Engine):
                 ) from exc
             if isinstance(exc, VllmGenerateError | ValueError):
                 cause = exc.__cause__ or exc
-                logger.warning("request %s failed in vLLM: %s: %s", rid, type(cause).__name__, cause)
+                logger.warning("the request failed in vLLM: %s: %s", type(cause).__name__, cause)
                 raise EngineGenerateError(f"the model engine could not answer: {cause}") from exc
             raise
         finally:
@@ -851,15 +859,9 @@ class VllmEngine(Engine):
             return
         self._state = "stopping"
         self._reason = "shutting down"
-        if self._active:
-            logger.info(
-                "vLLM engine: draining %d request(s) for up to %.0f s", len(self._active), drain_timeout_s
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+        left = await drain_running("vLLM engine", lambda: len(self._active), self._idle.wait, drain_timeout_s)
         llm = self._llm
-        if self._active and llm is not None:
-            logger.warning("vLLM engine: aborting %d request(s) still running", len(self._active))
+        if left and llm is not None:
             with contextlib.suppress(Exception):
                 await llm.abort(list(self._active))
             with contextlib.suppress(TimeoutError):

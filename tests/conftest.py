@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,21 @@ def smollm2_gguf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         if os.environ.get("CI") == "true":
             raise
         pytest.skip(f"SmolLM2-135M-Instruct cannot be had here: {exc}")
+
+
+# --- the run's summary: what was skipped and how to run it ---------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per reason tests were skipped, with its count: a newcomer's ``make test`` says what
+    this machine lacks (the Prometheus binaries, a GPU, PostgreSQL) and each reason names the fix."""
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if not reasons:
+        return
+    terminalreporter.section("skipped on this machine, and how to run them")
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"{count:5d} test(s): {reason}")

@@ -42,7 +42,11 @@ async def pg_url() -> AsyncIterator[str]:
     try:
         admin = await _admin(base)
     except (OSError, asyncpg.PostgresError, TimeoutError) as error:
-        message = f"PostgreSQL at {base.render_as_string(hide_password=True)} unreachable: {error}"
+        message = (
+            f"PostgreSQL at {base.render_as_string(hide_password=True)} unreachable "
+            f"({type(error).__name__}): "
+            "start a server there (trust auth, database `test`) or point OPSBOT_TEST_PG_URL at one"
+        )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.access import AccessPolicy
+from bot.event_loop import stop_task
 from bot.types import FinalAnswer, IncomingMessage, SourceNote, StepUpdate, ThreadRead
 
 logger = logging.getLogger(__name__)
@@ -79,10 +79,7 @@ class Housekeeping:
 
     async def close(self) -> None:
         """Stop; jobs not done yet are dropped (logged)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         if self._queue.qsize():
             logger.info("%s: %d housekeeping job(s) dropped at close", self.name, self._queue.qsize())
 

@@ -61,7 +61,6 @@ from bot.adapters.streaming import StreamingReply, format_footer_line, split_tex
 from bot.adapters.websocket import WebSocketLink
 from bot.config import MattermostSettings
 from bot.http import accepts
-from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
 from bot.retry import RetryBudget
 from bot.store import Store
@@ -585,12 +584,15 @@ class MattermostAdapter(ChatAdapter):
 
     def _hand_over(self, message: IncomingMessage) -> bool:
         """Give an accepted message to the pipeline, which owns it from here (claim, access, answer)."""
-        with request_scope(message.request_id):
-            if self._submit is None:
-                logger.warning("mattermost post arrived while stopping: %s not taken", message.event_id)
-                return False
-            self._submit(message)
-            return True
+        if self._submit is None:
+            logger.warning(
+                "mattermost post arrived while stopping: %s not taken",
+                message.event_id,
+                extra={"request_id": message.request_id},
+            )
+            return False
+        self._submit(message)  # the pipeline sets the request's id for everything it does
+        return True
 
     def _spawn(self, coro: Any, name: str) -> None:
         """A housekeeping task of the adapter's own (never an answer: those are the pipeline's)."""

@@ -77,7 +77,6 @@ from bot.adapters.slack_reply import SIGN_OF_LIFE_KEY, STREAM_UNAVAILABLE, Slack
 from bot.adapters.slack_socket import SocketModeConnections
 from bot.config import RetrySettings, SlackSettings
 from bot.http import accepts
-from bot.logs import request_scope
 from bot.metrics import REPLIES_FAILED
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 
@@ -851,13 +850,14 @@ class SlackAdapter(ChatAdapter):
 
     def _hand_over(self, message: IncomingMessage) -> None:
         """Give an accepted message to the pipeline, which owns it from here (claim, access, answer)."""
-        with request_scope(message.request_id):
-            if self._submit is None:
-                logger.warning(
-                    "slack message arrived while stopping: event_id=%s not taken", message.event_id
-                )
-                return
-            self._submit(message)
+        if self._submit is None:
+            logger.warning(
+                "slack message arrived while stopping: event_id=%s not taken",
+                message.event_id,
+                extra={"request_id": message.request_id},
+            )
+            return
+        self._submit(message)  # the pipeline sets the request's id for everything it does
 
 
 # Fields of a Slack payload (and of its event, message, item, view, ...) that bolt and this adapter

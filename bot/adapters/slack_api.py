@@ -180,36 +180,7 @@ class SlackWebClient(AsyncWebClient):
                     return response
                 except SlackApiError as exc:
                     note_progress()  # an error answer is an answer too (no hang)
-                    status = exc.response.status_code
-                    body = exc.response.data
-                    error = str(body.get("error", "")) if isinstance(body, dict) else ""
-                    detail = error or f"HTTP {status}"
-                    if status != 429 and status < 500:
-                        count_chat_call(PLATFORM, api_method, "rejected")
-                        raise slack_error(
-                            api_method, detail, http_status=status, response=exc.response
-                        ) from exc
-                    count_chat_call(PLATFORM, api_method, "ratelimited" if status == 429 else "server_error")
-                    try:
-                        if status == 429:
-                            reason = "ratelimited"
-                            wait = retry_after_from_headers(exc.response.headers)
-                            # Slack counts per method per app: hold the method everywhere, not
-                            # just for this channel or this answer.
-                            self.rate_budget.hold(api_method, wait if wait is not None else 1.0)
-                            delay = budget.after_rate_limit(wait, detail)
-                            self.rate_budget.hold(api_method, delay)
-                        else:
-                            reason = "server_error"
-                            delay = budget.after_failure(detail)
-                    except RetriesExhausted as gave_up:
-                        raise slack_error(
-                            api_method,
-                            str(gave_up),
-                            http_status=status,
-                            exhausted=gave_up.reason,
-                            response=exc.response,
-                        ) from exc
+                    reason, detail, status, delay = self._after_error_answer(api_method, exc, budget)
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     reason, detail, status = "connection", type(exc).__name__, None
                     count_chat_call(PLATFORM, api_method, reason)
@@ -221,30 +192,9 @@ class SlackWebClient(AsyncWebClient):
                         ) from exc
             # Outside the slot: the failed attempt's token refills from now.
             if reason != "ratelimited":
-                if api_method in _NOT_REPLAYABLE:
-                    raise slack_error(
-                        api_method,
-                        f"{detail} (not retried: it may have taken effect)",
-                        http_status=status,
-                        exhausted="failures",
-                    )
-                if api_method == "chat.postMessage" and isinstance(json, dict):
-                    found = await self._already_posted(json, first_try_wall)
-                    if found is not None:
-                        logger.info(
-                            "slack chat.postMessage: the failed try was stored after all (ts=%s); "
-                            "not posting it again",
-                            found["ts"],
-                        )
-                        return AsyncSlackResponse(
-                            client=self,
-                            http_verb="POST",
-                            api_url=f"{self.base_url}{api_method}",
-                            req_args={"json": json},
-                            data=found,
-                            headers={},
-                            status_code=200,
-                        )
+                posted = await self._before_replay(api_method, json, detail, status, first_try_wall)
+                if posted is not None:
+                    return posted
             CHAT_API_RETRIES.labels(PLATFORM, api_method, reason).inc()
             logger.info(
                 "slack %s retry %d in %.2f s: %s (channel=%s)",
@@ -256,6 +206,71 @@ class SlackWebClient(AsyncWebClient):
             )
             if reason != "ratelimited":  # a 429's wait is the budget's hold on the method
                 await asyncio.sleep(delay)
+
+    def _after_error_answer(
+        self, api_method: str, exc: SlackApiError, budget: RetryBudget
+    ) -> tuple[str, str, int, float]:
+        """What an error answer means: ``(reason, detail, HTTP status, seconds before the next try)``
+        for a 429 or a 5xx; raises the mapped :mod:`bot.errors` error for a request Slack refused
+        (another 4xx) or when the retries ran out."""
+        status = exc.response.status_code
+        body = exc.response.data
+        error = str(body.get("error", "")) if isinstance(body, dict) else ""
+        detail = error or f"HTTP {status}"
+        if status != 429 and status < 500:
+            count_chat_call(PLATFORM, api_method, "rejected")
+            raise slack_error(api_method, detail, http_status=status, response=exc.response) from exc
+        count_chat_call(PLATFORM, api_method, "ratelimited" if status == 429 else "server_error")
+        try:
+            if status != 429:
+                return "server_error", detail, status, budget.after_failure(detail)
+            wait = retry_after_from_headers(exc.response.headers)
+            # Slack counts per method per app: hold the method everywhere, not just for this
+            # channel or this answer.
+            self.rate_budget.hold(api_method, wait if wait is not None else 1.0)
+            delay = budget.after_rate_limit(wait, detail)
+            self.rate_budget.hold(api_method, delay)
+            return "ratelimited", detail, status, delay
+        except RetriesExhausted as gave_up:
+            raise slack_error(
+                api_method, str(gave_up), http_status=status, exhausted=gave_up.reason, response=exc.response
+            ) from exc
+
+    async def _before_replay(
+        self,
+        api_method: str,
+        json: dict[str, Any] | None,
+        detail: str,
+        status: int | None,
+        first_try_wall: float,
+    ) -> AsyncSlackResponse | None:
+        """Before a failed call is tried again: refuse to replay a call that may have taken effect,
+        and return the message a failed ``chat.postMessage`` stored after all (``None``: try again)."""
+        if api_method in _NOT_REPLAYABLE:
+            raise slack_error(
+                api_method,
+                f"{detail} (not retried: it may have taken effect)",
+                http_status=status,
+                exhausted="failures",
+            )
+        if api_method != "chat.postMessage" or not isinstance(json, dict):
+            return None
+        found = await self._already_posted(json, first_try_wall)
+        if found is None:
+            return None
+        logger.info(
+            "slack chat.postMessage: the failed try was stored after all (ts=%s); not posting it again",
+            found["ts"],
+        )
+        return AsyncSlackResponse(
+            client=self,
+            http_verb="POST",
+            api_url=f"{self.base_url}{api_method}",
+            req_args={"json": json},
+            data=found,
+            headers={},
+            status_code=200,
+        )
 
     @contextlib.asynccontextmanager
     async def _try_slot(

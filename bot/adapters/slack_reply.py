@@ -38,6 +38,7 @@ from bot.adapters.slack_format import (
 )
 from bot.adapters.streaming import StreamingReply, split_text
 from bot.config import SlackSettings
+from bot.event_loop import stop_task
 from bot.retry import (
     until_deadline,
 )
@@ -358,10 +359,7 @@ class _NativeRendering(ReplyStream):
 
     async def finish(self, answer: FinalAnswer) -> None:
         self._closed = True
-        if self._editor is not None:
-            self._editor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._editor
+        await stop_task(self._editor)
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(Exception):
                 await self._in_flight

@@ -22,7 +22,6 @@ Slack redelivers).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -34,6 +33,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 
 from bot.adapters.websocket import CLOSE_TIMEOUT_S, WebSocketLink
 from bot.config import SlackSettings
+from bot.event_loop import stop_task
 from bot.retry import RetriesExhausted, RetryBudget
 
 logger = logging.getLogger(__name__)
@@ -97,10 +97,7 @@ class SocketModeConnections:
         """Close every connection; envelopes not acknowledged yet are redelivered by Slack."""
         self._closed = True
         self._changed.set()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        await stop_task(self._supervisor)
         await asyncio.gather(*(c.close() for c in self._connections), return_exceptions=True)
         self._connections.clear()
         for task in list(self._handlers):

@@ -21,6 +21,7 @@ from typing import Any
 
 from bot.adapters.base import ReplyStream, cancel_pending
 from bot.adapters.ratelimit import Priority, RateBudget, Ticket, prepaid, release_when_done, ticket
+from bot.event_loop import stop_task
 from bot.retry import until_deadline
 from bot.types import FinalAnswer
 
@@ -357,10 +358,7 @@ class StreamingReply(ReplyStream):
         if self._reserved and self.budget is not None:
             self.budget.unreserve(self.edit_method)  # the final edit is made below
             self._reserved = False
-        if self._editor is not None:
-            self._editor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._editor
+        await stop_task(self._editor)
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(Exception):  # its outcome no longer matters, its timing does
                 await self._in_flight

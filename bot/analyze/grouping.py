@@ -22,36 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bot.analyze.records import Group, Record
-
-INSTANCE_LABELS: frozenset[str] = frozenset(
-    {
-        "instance",
-        "exported_instance",
-        "pod",
-        "pod_name",
-        "exported_pod",
-        "kubernetes_pod_name",
-        "pod_ip",
-        "pod_uid",
-        "node",
-        "nodename",
-        "node_name",
-        "kubernetes_node",
-        "hostname",
-        "host",
-        "host_ip",
-        "ip",
-        "address",
-        "container_id",
-        "id",
-        "uid",
-        "image_id",
-        "replica",
-        "prometheus_replica",
-        "__replica__",
-    }
-)
-"""Labels that name *which one* of many alike things fired (a pod, a node, a scrape target)."""
+from bot.config import INSTANCE_LABELS
 
 _SAFE = "[bcdfghjklmnpqrstvwxz2456789]"  # Kubernetes' alphabet for generated name suffixes
 _DEPLOYMENT_POD = re.compile(rf"^(?P<base>.+)-{_SAFE}{{6,10}}-{_SAFE}{{5}}$")

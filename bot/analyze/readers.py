@@ -643,17 +643,7 @@ def _text_log(line: str, source_name: str, source: str, year: int) -> Record:
         level = _LEVELS.get(found.group("lvl").lower(), "")
         if found.start() <= 2:  # the level opens the message: it is not part of what was said
             rest = rest[found.end() :]
-    level = level or "INFO"
-    return Record(
-        kind="log",
-        name=level,
-        labels={"file": source_name, "level": level},
-        at=at,
-        text=rest.strip()[:_MAX_TEXT],
-        source=source,
-        status=level,
-        identity=source_name,
-    )
+    return _log_record(level or "INFO", source_name, at, rest, source)
 
 
 def _clock(year: int, month: int, day: int, clock: str) -> datetime | None:
@@ -673,12 +663,18 @@ def _json_log(value: Mapping[str, Any], name: str, source: str) -> Record:
     raw_level = next((value[k] for k in ("level", "lvl", "severity", "log.level") if value.get(k)), "info")
     level = _LEVELS.get(str(raw_level).lower(), str(raw_level).upper())
     source_name = str(value.get("logger") or value.get("app") or value.get("service") or log_source(name))
+    return _log_record(level, source_name, at, message, source)
+
+
+def _log_record(level: str, source_name: str, at: datetime | None, text: str, source: str) -> Record:
+    """A log line as a record: grouped by its file (or logger) and level, its text cut to
+    ``_MAX_TEXT`` characters."""
     return Record(
         kind="log",
         name=level,
         labels={"file": source_name, "level": level},
         at=at,
-        text=message.strip()[:_MAX_TEXT],
+        text=text.strip()[:_MAX_TEXT],
         source=source,
         status=level,
         identity=source_name,

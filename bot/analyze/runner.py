@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 from bot.analyze.progress import ProgressSink
 from bot.analyze.results import ItemResult, ResultLog
 from bot.analyze.work import WorkItem
+from bot.config import RetrySettings
 from bot.redact import redact
+from bot.retry import RetriesExhausted, RetryBudget
 from bot.routing import BATCH_SCENARIO, lane_for
 from bot.store import RequestRecord, Store
 from bot.types import MessageKind
@@ -58,8 +60,9 @@ Done = Callable[[WorkItem, GenerationResult | None, str | None, str], Coroutine[
 """``done(item, result, error, status)``: an item's request ended (``status`` as a request row's)."""
 RequestIds = Callable[[WorkItem], str]
 
-_OVERLOADED_RETRIES = 5
-"""Times an item the admission queue refused is offered again (a full lane is a wait, not a failure)."""
+OVERLOADED_RETRY = RetrySettings(max_retries=5, initial_s=1.0, max_s=32.0)
+"""How an item the admission queue refused is offered again (a full lane is a wait, not a failure):
+up to 5 more times, backing off from about 1 s, under the one retry policy (:mod:`bot.retry`)."""
 
 
 class Executor(abc.ABC):
@@ -137,7 +140,8 @@ class EngineExecutor(Executor):
             sampling=sampling,
             prompt_token_ids=item.token_ids,
         )
-        for attempt in range(_OVERLOADED_RETRIES + 1):
+        retry = RetryBudget(OVERLOADED_RETRY)
+        while True:
             try:
                 result = await _generate(self.engine, request)
             except asyncio.CancelledError:
@@ -146,10 +150,14 @@ class EngineExecutor(Executor):
                     await asyncio.shield(done(item, None, "stopped before it finished", "aborted"))
                 raise
             except EngineOverloadedError as exc:
-                if attempt < _OVERLOADED_RETRIES and not stop.is_set():
-                    logger.info("batch item %s waits: %s", request.request_id, exc)
+                try:
+                    delay = retry.after_failure(str(exc))
+                except RetriesExhausted:
+                    delay = None
+                if delay is not None and not stop.is_set():
+                    logger.info("batch item %s waits %.1f s: %s", request.request_id, delay, exc)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), 2.0**attempt)
+                        await asyncio.wait_for(stop.wait(), delay)
                     if not stop.is_set():
                         continue
                 await done(item, None, str(exc), "overloaded")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from bot.context.base import ContextSection, ProviderStatus
 from bot.redact import redact
-from bot.store import ThreadMessage
+from bot.store.records import ThreadMessage
 from bot.types import SourceNote, ThreadPost, ThreadRead
 
 SOURCE = "Thread"

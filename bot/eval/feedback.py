@@ -18,8 +18,8 @@ from typing import Any
 
 from bot.eval.cases import Expectation
 from bot.eval.scorer import contains_number, contains_word, object_names
+from bot.replay import decode
 from bot.store.records import RatedRequest
-from bot.store.replay import decode
 
 KNOWN_REASONS = (
     "OOMKilled",

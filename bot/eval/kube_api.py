@@ -22,12 +22,9 @@ Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.del
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import functools
 import json
-import random
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -36,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from bot.eval.local_server import LocalApiServer
 
 NOW = datetime(2026, 11, 29, 20, 0, 0, tzinfo=UTC)
 
@@ -74,7 +73,7 @@ class Fault:
 
 
 @dataclass
-class KubernetesSnapshotServer:
+class KubernetesSnapshotServer(LocalApiServer):
     """State of the cluster plus the server that serves it."""
 
     token: str = "snapshot-token"
@@ -103,12 +102,6 @@ class KubernetesSnapshotServer:
     faults: list[tuple[re.Pattern[str], Fault]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
-    latency_s: tuple[float, float] = (0.0, 0.0)
-    """Every answer waits a uniformly drawn time in this range first (a real API server's round trip,
-    for ``bench/context_bench.py``)."""
-    _runner: web.AppRunner | None = None
-    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    url: str = ""
 
     def state_text(self) -> str:
         """Everything this server serves, as one text (objects as JSON, then every log): what an
@@ -150,23 +143,6 @@ class KubernetesSnapshotServer:
                     app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}/{{name}}", one)
         return app
 
-    async def start(self) -> str:
-        """Serve on a free port of 127.0.0.1; returns the base URL."""
-        self._stopping = asyncio.Event()
-        self._runner = web.AppRunner(self.app())
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        self._stopping.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
     def write_kubeconfig(self, path: Path, context: str = "fake-cluster", token: str | None = None) -> Path:
         """A kubeconfig (JSON is YAML) with one context pointing at this server."""
         config = {
@@ -189,14 +165,11 @@ class KubernetesSnapshotServer:
             )
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response(status_object(401, "Unauthorized", "Unauthorized"), status=401)
-        if self.latency_s[1] > 0:
-            await asyncio.sleep(random.uniform(*self.latency_s))
+        await self.answer_delay()
         for pattern, fault in self.faults:
             if pattern.search(request.path):
                 if fault.delay_s:
-                    # Cut short by stop(), so a slow route never holds up a test's teardown.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), fault.delay_s)
+                    await self.hold(fault.delay_s)
                 if fault.body is not None:
                     return web.Response(text=fault.body, content_type=fault.content_type)
                 if fault.status:
@@ -517,27 +490,7 @@ def pod(
         (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0 for s in init_statuses or []
     )
     if conditions is None:
-        conditions = [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(60)},
-            {
-                "type": "Initialized",
-                "status": "True" if inits_done else "False",
-                "lastTransitionTime": ts(60),
-                **({} if inits_done else {"reason": "ContainersNotInitialized"}),
-            },
-            {
-                "type": "ContainersReady",
-                "status": "True" if all_ready else "False",
-                "lastTransitionTime": ts(5),
-                **({} if all_ready else {"reason": "ContainersNotReady"}),
-            },
-            {
-                "type": "Ready",
-                "status": "True" if all_ready else "False",
-                "lastTransitionTime": ts(5),
-                **({} if all_ready else {"reason": "ContainersNotReady"}),
-            },
-        ]
+        conditions = _pod_conditions(all_ready, inits_done)
     extra = container_specs or {}
 
     def spec_of(status: dict[str, Any]) -> dict[str, Any]:
@@ -556,16 +509,7 @@ def pod(
         "annotations": annotations or {},
     }
     if owner:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": "batch/v1" if owner[0] in ("Job", "CronJob") else "apps/v1",
-                "kind": owner[0],
-                "name": owner[1],
-                "uid": f"uid-{owner[1]}",
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        meta["ownerReferences"] = [_controller_reference(*owner)]
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "startTime": ts(120)}
     if statuses and phase != "Pending" or any("waiting" in s["state"] for s in statuses):
         status["containerStatuses"] = statuses
@@ -591,6 +535,38 @@ def pod(
             status["podIP"] = ip or _ip("10.244", f"{namespace}/{name}", octets=2)
             status["podIPs"] = [{"ip": status["podIP"]}]
     return {"metadata": meta, "spec": spec, "status": status}
+
+
+def _pod_conditions(all_ready: bool, inits_done: bool) -> list[dict[str, Any]]:
+    """The four conditions the kubelet sets, from whether every container is ready and every init
+    container has finished."""
+
+    def condition(kind: str, true: bool, since: str, reason: str) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "status": "True" if true else "False",
+            "lastTransitionTime": since,
+            **({} if true else {"reason": reason}),
+        }
+
+    return [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": ts(60)},
+        condition("Initialized", inits_done, ts(60), "ContainersNotInitialized"),
+        condition("ContainersReady", all_ready, ts(5), "ContainersNotReady"),
+        condition("Ready", all_ready, ts(5), "ContainersNotReady"),
+    ]
+
+
+def _controller_reference(kind: str, name: str) -> dict[str, Any]:
+    """The ``ownerReferences`` entry a controller of ``kind`` sets on what it makes."""
+    return {
+        "apiVersion": "batch/v1" if kind in ("Job", "CronJob") else "apps/v1",
+        "kind": kind,
+        "name": name,
+        "uid": f"uid-{name}",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _ip(prefix: str, key: str, octets: int = 1) -> str:

@@ -14,9 +14,7 @@ Routes: ``GET|POST /api/v1/query``, ``/api/v1/query_range``, ``GET /api/v1/alert
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from bot.eval.local_server import LocalApiServer
 
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{([^}]*)\}")
 _BARE_METRIC = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:[=!<>]|$)")
@@ -84,17 +84,13 @@ def selected(promql: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
 
 
 @dataclass
-class PrometheusSnapshotServer:
+class PrometheusSnapshotServer(LocalApiServer):
     """Serves recorded series and alerts over the Prometheus HTTP API on a free port."""
 
     series: list[Series] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     """Every query asked (PromQL, or the path for alerts and rules), for the report and tests."""
-    latency_s: tuple[float, float] = (0.0, 0.0)
-    """Every answer waits a uniformly drawn time in this range first (for ``bench/context_bench.py``)."""
-    url: str = ""
-    _runner: web.AppRunner | None = None
 
     def answer(self, promql: str) -> list[Series]:
         """The recorded series ``promql`` returns (see the module doc)."""
@@ -139,26 +135,9 @@ class PrometheusSnapshotServer:
 
     @web.middleware
     async def _latency(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self.latency_s[1] > 0:
-            await asyncio.sleep(random.uniform(*self.latency_s))
+        await self.answer_delay()
         result: web.StreamResponse = await handler(request)
         return result
-
-    async def start(self) -> str:
-        """Serve on a free port of 127.0.0.1; returns the base URL."""
-        self._runner = web.AppRunner(self.app())
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
-
-    async def stop(self) -> None:
-        """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     @staticmethod
     def _ok(data: Any) -> web.Response:

@@ -32,8 +32,8 @@ from bot.eval.scorer import Score, missing_from_context, root_cause_score, score
 from bot.investigate import build_investigator
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
+from bot.replay import bundle_from_dict
 from bot.store import StepRecord, Store
-from bot.store.replay import bundle_from_dict
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 from inference.engine import (
     ChatMessage,

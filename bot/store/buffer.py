@@ -21,6 +21,7 @@ from datetime import datetime
 
 from bot import metrics
 from bot.config import StoreSettings
+from bot.event_loop import stop_task
 from bot.retry import RetryBudget
 from bot.store.db import describe_cause, is_row_error
 from bot.store.records import AlertThread, RequestRecord, utcnow
@@ -208,9 +209,7 @@ class WriteBuffer:
                 async with asyncio.timeout(timeout_s):
                     while self._queue:
                         await self._idle.wait()
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         metrics.STORE_BUFFERED.set(len(self._queue))
         return len(self._queue)

@@ -97,7 +97,7 @@ class RequestRow(Base):
     post_ms: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # JSON (bot.store.replay), Text rather than JSON so SQLite and PostgreSQL store it alike.
+    # JSON (bot.replay), Text rather than JSON so SQLite and PostgreSQL store it alike.
     replay_inputs: Mapped[str | None] = mapped_column(Text)
     # JSON (bot.investigate: entities and claims with step references), Text for both backends.
     root_cause: Mapped[str | None] = mapped_column(Text)

@@ -43,7 +43,7 @@ class RequestRecord:
     created_at: datetime = field(default_factory=utcnow)
     finished_at: datetime | None = None
     replay_inputs: str | None = None
-    """What replays this answer (:mod:`bot.store.replay`: redacted question, context bundle, thread
+    """What replays this answer (:mod:`bot.replay`: redacted question, context bundle, thread
     turns, scenario); ``None`` when the request ended before its prompt was built."""
     root_cause: str | None = None
     """An investigation's root-cause block as JSON (entities and claims citing steps,

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bot import metrics
 from bot.config import StoreSettings, mask_url
+from bot.event_loop import stop_task
 from bot.redact import redact
 from bot.store import migrate
 from bot.store.buffer import (
@@ -224,10 +225,7 @@ class Store:
 
     async def close(self, flush_timeout_s: float = 10.0) -> None:
         """Write what is buffered (for up to ``flush_timeout_s``), then release the database."""
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
+        await stop_task(self._maintenance)
         if self._calls:  # database calls of cancelled callers finish and give their connection back
             await asyncio.wait(set(self._calls), timeout=self._settings.connect_timeout_s * 2)
         left = await self._buffer.close(flush_timeout_s)

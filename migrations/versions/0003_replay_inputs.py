@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0001
 Create Date: 2026-12-01
 
-One nullable Text column (JSON, see ``bot.store.replay``): rows written before it stay valid and
+One nullable Text column (JSON, see ``bot.replay``): rows written before it stay valid and
 are simply not replayable. Batch mode so SQLite, which cannot drop a column in place on older
 versions, downgrades too.
 """

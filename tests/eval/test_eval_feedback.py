@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from bot.cli import main
 from bot.config import StoreSettings
 from bot.eval.feedback import grounded_expectation
+from bot.replay import bundle_from_dict, decode
 from bot.store import RequestRecord, Store, migrate
-from bot.store.replay import bundle_from_dict, decode
 
 GOOD_ANSWER = (
     "Pod worker-6d5f7c9b8-kq2lp is OOMKilled (exit code 137): its memory climbs to the 512Mi limit "
@@ -219,8 +219,8 @@ def test_rated_answers_export_as_jsonl_that_opsbot_eval_replays(
 
 def test_replay_inputs_are_redacted_and_round_trip_the_bundle():
     from bot.context.base import ContextBundle, ContextSection
+    from bot.replay import encode
     from bot.store.records import ThreadMessage
-    from bot.store.replay import encode
     from bot.types import SourceNote
 
     key = "AKIA" + "Q7RT2XK9ZL4MWB8N"

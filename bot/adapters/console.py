@@ -55,7 +55,8 @@ class ConsoleReply(ReplyStream):
     async def show_step(self, step: StepUpdate, checklist: str) -> None:
         """One dim line per finished step (``✅ [2] kube_logs ... — 40 log lines``)."""
         if step.state != "pending":
-            self._console.print(f"[dim]{step.line()}[/dim]", highlight=False, markup=False)
+            # markup off: a tool's title or result may hold [brackets] that rich would eat
+            self._console.print(step.line(), style="dim", highlight=False, markup=False)
 
     async def update(self, text: str) -> None:
         # Redaction may rewrite text already shown; then wait for the final answer to reprint.

@@ -208,3 +208,23 @@ async def test_on_mattermost_the_reply_post_carries_the_checklist_and_the_plante
             assert any(f"[{ran[0]['step']}] `{ran[0]['tool']}" in text for text in patches), patches
             assert f"[{ran[0]['step']}] `{ran[0]['tool']}" in reply["message"]  # the legend of the steps
         assert "Root cause" in reply["message"]
+
+
+async def test_in_the_terminal_each_finished_step_is_one_line_and_the_answer_text_stays_clean() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from bot.adapters.console import ConsoleReply
+    from bot.types import StepUpdate, steps_text
+
+    out, dim = StringIO(), StringIO()
+    reply = ConsoleReply(out, Console(file=dim, width=200), "t1")
+    pending = StepUpdate(1, "pending", "kube_logs namespace=shop pod=api-1")
+    done = StepUpdate(1, "done", pending.title, "40 log lines", "Kubernetes default")
+    await reply.show_step(pending, steps_text([pending]))
+    await reply.show_step(done, steps_text([pending, done]))
+    assert dim.getvalue().splitlines() == [
+        "✅ [1] `kube_logs namespace=shop pod=api-1` — 40 log lines (Kubernetes default)"
+    ]
+    assert not reply.steps_in_text and out.getvalue() == ""  # the answer's text gets no checklist

@@ -232,6 +232,8 @@ class OpsBot:
         if self.engine is not None:
             # The pipeline has drained: whatever the engine still runs was cancelled with its answer.
             await self.engine.shutdown(drain_timeout_s=5.0)
+        if self.pipeline is not None and self.pipeline.investigator is not None:
+            await self.pipeline.investigator.close()
         if self.context is not None:
             await self.context.close()
         if self.store is not None:

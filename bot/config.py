@@ -513,6 +513,13 @@ class AlertmanagerSettings(ConfigSection):
     storm_settle_s: float = Field(5.0, ge=0)
     """Alert storms: seconds without a new group joining before the storm's one analysis starts
     (groups that join later get a further analysis of their own)."""
+    api_url: str | None = None
+    """Alertmanager's HTTP API (``http://alertmanager.monitoring:9093``) that investigations read
+    (active alerts with their silenced / inhibited state, active silences); unset: no such tools."""
+    api_bearer_token: SecretStr | None = None
+    """Bearer token sent to ``api_url`` (unset: none)."""
+    api_timeout_s: float = Field(3.0, gt=0)
+    """Deadline of one call to ``api_url``."""
 
 
 class ContextSettings(ConfigSection):

@@ -36,6 +36,7 @@ from typing import Any
 
 from bot import metrics
 from bot.config import InvestigateSettings, LaneBudget, Settings
+from bot.context.alertmanager_api import AlertmanagerApi
 from bot.context.base import ContextBundle
 from bot.context.gatherer import ContextGatherer
 from bot.prompts import defuse, fence
@@ -121,7 +122,8 @@ def build_investigator(settings: Settings, gatherer: ContextGatherer) -> Investi
     """The loop of ``settings.investigate`` over ``gatherer``'s clients (``None`` when it is off)."""
     if not settings.investigate.enabled:
         return None
-    return Investigator(ToolRegistry(gatherer), settings.investigate)
+    alertmanager = AlertmanagerApi(settings.alertmanager) if settings.alertmanager.api_url else None
+    return Investigator(ToolRegistry(gatherer, alertmanager=alertmanager), settings.investigate)
 
 
 class Investigator:
@@ -130,6 +132,10 @@ class Investigator:
     def __init__(self, registry: ToolRegistry, settings: InvestigateSettings) -> None:
         self.registry = registry
         self.settings = settings
+
+    async def close(self) -> None:
+        """Close the clients the tools own beyond the gatherer's (Alertmanager's API)."""
+        await self.registry.close()
 
     def budget(self, scenario: str, lane: Lane) -> LaneBudget | None:
         """The budget of ``scenario`` in ``lane`` (``None``: it answers without the loop)."""

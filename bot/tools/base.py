@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.context.alertmanager_api import AlertmanagerApi
 from bot.context.base import ContextProvider, ContextSection
 from bot.errors import OpsbotError
 from bot.store import ThreadMessage
@@ -63,6 +64,8 @@ class ToolScope:
     """Stored turns of the thread (oldest first)."""
     thread_sections: Sequence[ContextSection] = ()
     """The thread as read back from the platform (the gathered sections of the chat thread)."""
+    alertmanager: AlertmanagerApi | None = None
+    """Alertmanager's API (``alertmanager.api_url``), when configured."""
 
     def cluster(self, name: str | None) -> ClusterTools:
         """The cluster ``name`` (``None`` or empty: the first in scope); :class:`OutOfScope` else."""

@@ -21,11 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bot import metrics
+from bot.context.alertmanager_api import AlertmanagerApi
 from bot.context.base import ContextBundle
 from bot.context.gatherer import ContextGatherer
 from bot.context.thread import SOURCE as THREAD_SOURCE
 from bot.redact import redact
 from bot.store import ThreadMessage
+from bot.tools.alertmanager import alertmanager_tools
 from bot.tools.base import ClusterTools, Tool, ToolError, ToolScope
 from bot.tools.documents import document_tools
 from bot.tools.kubernetes import kubernetes_tools
@@ -60,13 +62,24 @@ class ToolResult:
 class ToolRegistry:
     """The tools opsbot has, over the providers of a :class:`ContextGatherer` (the same clients)."""
 
-    def __init__(self, gatherer: ContextGatherer, tools: Sequence[Tool] | None = None) -> None:
+    def __init__(
+        self,
+        gatherer: ContextGatherer,
+        tools: Sequence[Tool] | None = None,
+        alertmanager: AlertmanagerApi | None = None,
+    ) -> None:
         self.gatherer = gatherer
+        self.alertmanager = alertmanager
         self.tools = (
             list(tools)
             if tools is not None
-            else [*kubernetes_tools(), *prometheus_tools(), *document_tools()]
+            else [*kubernetes_tools(), *prometheus_tools(), *alertmanager_tools(), *document_tools()]
         )
+
+    async def close(self) -> None:
+        """Close the clients the registry owns (the gatherer closes its providers itself)."""
+        if self.alertmanager is not None:
+            await self.alertmanager.close()
 
     def scope_for(self, bundle: ContextBundle | None, history: Sequence[ThreadMessage] = ()) -> ToolScope:
         """The tools' scope of one request: the clusters and namespaces step 0 read (the channel's
@@ -82,6 +95,7 @@ class ToolRegistry:
             shared=self.gatherer.shared,
             thread=list(history),
             thread_sections=[s for s in (bundle.sections if bundle else []) if s.source == THREAD_SOURCE],
+            alertmanager=self.alertmanager,
         )
 
     def box(

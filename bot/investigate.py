@@ -107,6 +107,21 @@ class Investigation:
     tools: tuple[str, ...] = ()
     """The tools offered (fixed before step 1)."""
     scope_cluster: str = ""
+    specs: tuple[ToolSpec, ...] = ()
+    """The offered tools' specs (their exact schemas), for a replay."""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """Every call's redacted output as the model read it (name, arguments, status, text, source,
+    summary), for a replay."""
+
+    def replay_record(self) -> dict[str, Any]:
+        """What replays this investigation without a cluster (:mod:`bot.tools.recorded`)."""
+        return {
+            "tools": [
+                {"name": s.name, "description": s.description, "parameters": dict(s.parameters)}
+                for s in self.specs
+            ],
+            "calls": list(self.outputs),
+        }
 
     @property
     def calls(self) -> list[StepRecord]:
@@ -290,6 +305,7 @@ class _Loop:
         found = Investigation(
             messages, [], tools=tuple(s.name for s in self.box.specs), scope_cluster=cluster
         )
+        found.specs = self.box.specs
         deadline = time.monotonic() + self.budget.wall_s
         tool_tokens = 0
         repeats = 0
@@ -340,6 +356,16 @@ class _Loop:
             except TimeoutError:
                 outcome = ToolResult(call, "timeout", "the investigation's time ran out during this call")
             step.status = outcome.status
+            found.outputs.append(
+                {
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "status": outcome.status,
+                    "text": outcome.text,
+                    "source": outcome.source,
+                    "summary": outcome.summary,
+                }
+            )
             repeats = repeats + 1 if outcome.status == "repeated" else 0
             step.tool_ms = outcome.latency_ms
             step.tool_tokens = outcome.output_tokens

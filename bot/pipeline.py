@@ -714,6 +714,8 @@ class Pipeline:
             if tail:
                 shown = text + "\n\n" + redact("\n".join(tail))
         record.steps = found.steps
+        if record.replay_inputs is not None:  # `opsbot feedback export` replays the calls too
+            record.replay_inputs = replay.with_investigation(record.replay_inputs, found.replay_record())
         observe(found, record.scenario, lane)
         return shown
 

@@ -61,6 +61,7 @@ BUILTIN_CASES = Path(__file__).parent / "cases"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _CASE_KEYS = {"id", "title", "question", "alert", "scenario", "cluster", "prometheus", "expect", "notes"}
 _REPLAY_KEYS = {
+    "investigation",
     "id",
     "title",
     "source",
@@ -140,6 +141,8 @@ class ReplayContext:
     reference_answer: str | None = None
     feedback: int | None = None
     model: str | None = None
+    investigation: dict[str, Any] | None = None
+    """The live investigation's offered tools and recorded call outputs (:mod:`bot.tools.recorded`)."""
 
 
 @dataclass(slots=True)
@@ -330,6 +333,7 @@ def parse_replay(data: Any, source: str) -> EvalCase:
             reference_answer=data.get("reference_answer"),
             feedback=int(feedback) if isinstance(feedback, int) else None,
             model=data.get("model"),
+            investigation=data.get("investigation") if isinstance(data.get("investigation"), dict) else None,
         ),
     )
 

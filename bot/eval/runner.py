@@ -29,11 +29,12 @@ from bot.context.scope import ChannelRef
 from bot.eval.cases import EvalCase
 from bot.eval.evidence import FactEvidence, served_text, trace
 from bot.eval.scorer import Score, missing_from_context, root_cause_score, score
-from bot.investigate import build_investigator
+from bot.investigate import Investigator, build_investigator
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
 from bot.replay import bundle_from_dict
 from bot.store import StepRecord, Store
+from bot.tools.recorded import recorded_registry
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 from inference.engine import (
     ChatMessage,
@@ -294,7 +295,7 @@ class EvalRunner:
             context=gatherer,
             model_name=self.model_name,
             thread=self.settings.thread,
-            investigator=build_investigator(self.settings, gatherer),
+            investigator=self._investigator(case, gatherer),
         )
         adapter = CaptureAdapter()
         message = await self._message(case)
@@ -339,6 +340,13 @@ class EvalRunner:
             ]
             result.loop = loop_summary(steps, record.root_cause, case.expect.root_cause)
         return result
+
+    def _investigator(self, case: EvalCase, gatherer: ContextGatherer) -> Investigator | None:
+        """The loop when it is on: a replayed case's with the recorded tools (no cluster asked)."""
+        recording = case.replay.investigation if case.replay is not None else None
+        if recording is not None and self.settings.investigate.enabled:
+            return Investigator(recorded_registry(gatherer, recording), self.settings.investigate)
+        return build_investigator(self.settings, gatherer)
 
     async def _message(self, case: EvalCase) -> IncomingMessage:
         case_key = f"{self.run_id}-{case.id}"

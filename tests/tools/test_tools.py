@@ -4,6 +4,7 @@ and the one path every call takes (scope, repeats, redaction, the output cap).""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from fakes.shop_cluster import SECRET
@@ -168,3 +169,52 @@ async def test_a_slow_source_is_a_timeout_the_model_reads(
     result = await box.call(ToolCall("kube_node", {"node": "worker-1"}))
     assert result.status == "timeout"
     assert result.text == "kube_node took longer than 0.3 s and was stopped"
+
+
+async def test_a_recorded_investigation_replays_its_calls_without_the_cluster(
+    gatherer: ContextGatherer, kube: KubernetesSnapshotServer
+) -> None:
+    from bot.eval.cases import parse_replay
+    from bot.eval.feedback import export_lines
+    from bot.investigate import Investigation
+    from bot.replay import encode, with_investigation
+    from bot.store import RatedRequest
+    from bot.tools.recorded import NOT_RECORDED, recorded_registry
+
+    live = await shop_box(gatherer)
+    call = ToolCall(
+        "kube_logs",
+        {"namespace": "shop", "pod": "api-7f9c8d6b5-x2x9q", "previous": True, "tail": 5, "grep": ""},
+    )
+    result = await live.call(call)
+    found = Investigation([], [], specs=live.specs)
+    recorded = {"name": call.name, "arguments": call.arguments, "status": result.status}
+    found.outputs.append(
+        {**recorded, "text": result.text, "source": result.source, "summary": result.summary}
+    )
+    # The row's replay inputs carry the recording; feedback export writes it into the case.
+    inputs = encode(
+        question="why?",
+        asker="sre",
+        scenario="root_cause",
+        max_tokens=64,
+        system_prompt="s",
+        history=[],
+        bundle=None,
+    )
+    stored = with_investigation(inputs, found.replay_record())
+    rated = RatedRequest(
+        "req-1", "root_cause", "smollm2", "ok", datetime.now(UTC), stored, "an answer", {"U1": 1}
+    )
+    (line,), _ = export_lines([rated])
+    case = parse_replay(json.loads(line), "feedback.jsonl")
+    assert case.replay is not None and case.replay.investigation is not None
+    registry = recorded_registry(ContextGatherer(), case.replay.investigation)
+    replayed = registry.box(registry.scope_for(None), max_output_tokens=400, count=lambda t: len(t.split()))
+    assert replayed.specs == live.specs  # the same schemas: the same grammar, the same choices
+    asked = len(kube.requests)
+    again = await replayed.call(call)
+    assert (again.status, again.text, again.source) == ("ok", result.text, result.source)
+    other = await replayed.call(ToolCall("kube_events", {"namespace": "shop", "name": ""}))
+    assert (other.status, other.text) == ("error", NOT_RECORDED)
+    assert len(kube.requests) == asked  # nothing asked of the cluster

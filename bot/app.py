@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from bot.actions.service import ActionService
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
@@ -72,6 +73,7 @@ class OpsBot:
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
         self.sweeper: ClaimSweeper | None = None
+        self.actions: ActionService | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -113,6 +115,9 @@ class OpsBot:
         }
         self.progress(f"engine{'s' if len(names) > 1 else ''} ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
+        if s.actions.enabled:
+            # Its own credentials and clients; the engine and the context gatherer never see them.
+            self.actions = ActionService(s.actions, self.store)
         # The SLO guard tunes one admission controller: the default engine's.
         self.slo = SloGuard.for_engine(s.slo, engines.get(engines.default))
         if self.slo is not None:
@@ -131,6 +136,7 @@ class OpsBot:
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
             investigator=self._investigator(),
+            actions=self.actions,
         )
         return self.pipeline
 
@@ -184,6 +190,12 @@ class OpsBot:
                 app, self.settings.http.host, self.settings.http.port, sock=self._http_socket
             )
             self._http_socket = None  # the server owns it now
+        if self.actions is not None:
+            for adapter in adapters:
+                if hasattr(adapter, "post_card"):
+                    adapter.actions = self.actions  # type: ignore[attr-defined]
+            self.actions.attach({a.platform: a for a in adapters if hasattr(a, "post_card")})  # type: ignore[misc]
+            self.actions.start()
         for adapter in adapters:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
@@ -250,6 +262,9 @@ class OpsBot:
             self.analyze.stop()  # batch analyses stop at once; what they finished is kept
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
+        if self.actions is not None:
+            await self.actions.drain(5.0)  # a verification in flight may still post its outcome
+            await self.actions.close()
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()

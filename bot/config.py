@@ -612,6 +612,74 @@ class ThreadSettings(ConfigSection):
     """Characters kept of one message (a pasted log is cut, and says so)."""
 
 
+class ActionPolicySettings(ConfigSection):
+    """Who may approve proposed actions in some channels (``[[actions.policies]]``)."""
+
+    match: list[str] = Field(min_length=1)
+    """Channel ids or, starting with ``#``, shell-style patterns of channel names (as in
+    ``[[scope.channels]]``); the first policy that matches a channel decides."""
+    platform: Literal["slack", "mattermost", "console"] | None = None
+    """Only channels of this platform (unset: any)."""
+    approvers: list[str] = Field(default_factory=list)
+    """Who may approve: platform user ids (Slack ``U0123``, Mattermost user ids), ``@group`` (a
+    name in ``actions.groups``) and ``asker`` (whoever the proposal was made for). Empty: nobody
+    (cards are shown, every click is refused)."""
+    actions: list[str] = Field(default_factory=list)
+    """Action kinds these channels may propose (``rollout_restart``, ``rollback``, ``scale``,
+    ``delete_pod``, ``cordon``, ``uncordon``, ``silence``, ``expire_silence``); empty: all."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces actions here may touch (empty: any); cluster-scoped nodes are allowed only when
+    this is empty."""
+
+
+class ActionsSettings(ConfigSection):
+    """Approval-gated actions (``[actions]``): proposals become cards, a person approves, opsbot
+    applies with credentials of their own (never the read-only ones, never seen by the model)."""
+
+    enabled: bool = False
+    """Offer actions (``/rca propose ...``, proposal cards, Approve / Reject buttons)."""
+    kubeconfig: Path | None = None
+    """The kubeconfig of the *write* identity (a second file, e.g. for the ``opsbot-actions``
+    ServiceAccount of ``deploy/components/actions``); unset: that account's token file under
+    ``service_account_token`` below."""
+    context: str | None = None
+    """Context in ``kubeconfig`` (unset: its current context)."""
+    service_account_token: Path | None = None
+    """In-cluster: a projected token file of the write ServiceAccount (the pod's own token stays
+    the read-only one); used when ``kubeconfig`` is unset."""
+    alertmanager_url: str | None = None
+    """Alertmanager that silences are created in and expired from (``/api/v2/silences``)."""
+    alertmanager_token: SecretStr | None = None
+    """Bearer token for ``alertmanager_url``."""
+    secret: SecretStr | None = None
+    """HMAC key that signs every button's meaning (proposal, decision, digest of the action): a
+    click can be neither forged nor repointed at another proposal. Required when enabled."""
+    expiry_s: float = Field(900.0, gt=0)
+    """Seconds a proposal may be approved; later clicks are refused and the card says expired."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Deadline of one write call (dry run or apply)."""
+    verify_s: float = Field(120.0, gt=0)
+    """Seconds after applying to watch the rollout, pod, node or silence before posting the outcome."""
+    verify_poll_s: float = Field(2.0, gt=0)
+    """Seconds between two looks while verifying."""
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    """Approver groups by name (``[actions.groups] sre = ["U0123", "U0456"]``), named in policies as
+    ``@sre``."""
+    policies: list[ActionPolicySettings] = Field(default_factory=list)
+    """Per-channel approval policies, first match wins; a channel no policy matches may see cards
+    but nobody may approve them."""
+
+    @model_validator(mode="after")
+    def _secret_when_enabled(self) -> ActionsSettings:
+        if self.enabled and self.secret is None:
+            raise ValueError("actions.secret is required when actions are enabled (it signs every button)")
+        for policy in self.policies:
+            for entry in policy.approvers:
+                if entry.startswith("@") and entry[1:] not in self.groups:
+                    raise ValueError(f"actions.policies: approver {entry!r} names no group in actions.groups")
+        return self
+
+
 class RunbookSettings(ConfigSection):
     """Runbooks as context for alert summaries and ``/rca`` on an alert."""
 
@@ -905,6 +973,8 @@ class Settings(BaseSettings):
     """Answers in flight (the watchdog)."""
     investigate: InvestigateSettings = Field(default_factory=InvestigateSettings)
     """The investigation loop (tool calls after the gathered context)."""
+    actions: ActionsSettings = Field(default_factory=ActionsSettings)
+    """Approval-gated actions (separate write credentials, per-channel approvers)."""
 
     @model_validator(mode="after")
     def _clusters_and_scopes_agree(self) -> Settings:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -79,6 +80,7 @@ from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
+    from bot.actions.service import ActionService
     from bot.context.gatherer import ContextGatherer
     from bot.investigate import Investigation, Investigator
     from bot.slo import SloGuard
@@ -121,6 +123,11 @@ EMPTY_ANSWER_TEXT = (
     "answers (engine.model; the README recommends one per machine)."
 )
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
+ACTIONS_OFF_TEXT = (
+    ":no_entry: Actions are turned off for this opsbot (`[actions] enabled`); nothing was proposed."
+)
+_PROPOSE = re.compile(r"^\s*propose\b\s*", re.IGNORECASE)
+"""``propose ...`` (a command's words, or a mention's): a proposed action, not a question."""
 FAILURE_NOTE_WAIT_S = 10.0
 """Seconds the note about a stalled or undelivered answer may take (the platform may be what failed)."""
 
@@ -144,6 +151,7 @@ class Pipeline:
         urgent_first: UrgentFirst | None = None,
         answer: AnswerSettings | None = None,
         investigator: Investigator | None = None,
+        actions: ActionService | None = None,
     ) -> None:
         self.engine = engine
         self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
@@ -168,6 +176,8 @@ class Pipeline:
         """Answers in flight (``[answer]``: the watchdog)."""
         self.investigator = investigator
         """The investigation loop (``[investigate]``: tool calls after the context); ``None``: off."""
+        self.actions = actions
+        """Approval-gated actions (``[actions]``): ``propose ...`` makes a card (``None``: off)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -262,6 +272,9 @@ class Pipeline:
                 return
             if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
                 return
+            if _PROPOSE.match(message.text) and message.kind is not MessageKind.ALERT:
+                await self._propose(message, adapter)
+                return
             if message.kind in _ASKED and message.text.strip().lower() == "status":
                 # "@opsbot status": answered in the thread, where whoever asked is looking
                 await adapter.send_notice(message, await self.status_text())
@@ -305,12 +318,43 @@ class Pipeline:
             return True
         return False
 
+    async def _propose(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
+        """``propose <action>``: a card with the action's dry run, for a person to approve (never
+        applied here). The reply (usage, a refusal, where the card is) only the asker sees."""
+        if self.actions is None:
+            await adapter.send_notice(message, ACTIONS_OFF_TEXT, ephemeral=True)
+            return
+        from bot.actions.catalog import ActionError, parse_command
+        from bot.actions.service import ThreadRef
+
+        words = _PROPOSE.sub("", message.text, count=1)
+        try:
+            spec = parse_command(words)
+        except ActionError as exc:
+            await adapter.send_notice(message, f":grey_question: {exc}", ephemeral=True)
+            return
+        thread = None if message.kind is MessageKind.COMMAND else (message.thread_id or message.message_id)
+        evidence = [f"asked for by {message.user_name or message.user}: `propose {words.strip()}`"]
+        proposal = await self.actions.propose(
+            spec, evidence, ThreadRef(message.platform, message.channel, thread, message.user)
+        )
+        if proposal.refused is not None:
+            await adapter.send_notice(message, proposal.refused, ephemeral=True)
+        else:
+            await adapter.send_notice(
+                message,
+                f":clipboard: Proposed *{spec.describe()}*: the card waits for approval.",
+                ephemeral=True,
+            )
+
     def help_text(self) -> str:
         """Usage of ``/rca`` and of mentions, with the lane table, for ``/rca help``."""
         return (
             "*opsbot* — incident assistant (reads the cluster, never changes it)\n"
             "• `/rca <question, alert, pod or service>` — root-cause analysis in a new thread\n"
             "• `/rca status` — model, queue per lane, KV-cache use, TTFT of the last hour\n"
+            "• `/rca propose restart deployment/NAME -n NS` (also rollback, scale, delete pod, cordon, "
+            "uncordon, silence, expire) — a card with the dry run; a person approves, opsbot applies\n"
             "• `/rca help` — this message\n"
             "• @-mention me with a question, or DM me; reply in my threads to follow up "
             "without mentioning me again\n"

@@ -17,6 +17,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -40,6 +41,9 @@ from bot.urgency import UrgentFirst
 from inference.engine import ChatMessage
 from inference.engine_set import EngineSet
 from inference.scenarios import ScenarioRegistry
+
+if TYPE_CHECKING:  # the loop pulls in every tool's client; imported only when it is on
+    from bot.investigate import Investigator
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +135,7 @@ class OpsBot:
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
+            investigator=self._investigator(),
             actions=self.actions,
         )
         return self.pipeline
@@ -148,6 +153,15 @@ class OpsBot:
                 f"http.port {h.port} on {h.host} cannot be bound: {exc.strerror or exc}. Fix: set http.port "
                 "(OPSBOT_HTTP__PORT) to a free port, stop what holds it, or http.enabled = false"
             ) from None
+
+    def _investigator(self) -> Investigator | None:
+        """The investigation loop over the gatherer's clients (``None`` when ``[investigate]`` is off;
+        imported only then: it pulls in every tool)."""
+        if not self.settings.investigate.enabled or self.context is None:
+            return None
+        from bot.investigate import build_investigator
+
+        return build_investigator(self.settings, self.context)
 
     async def start_service(self, adapters: list[ChatAdapter]) -> None:
         """HTTP server and chat adapters on top of ``start_core``."""
@@ -261,6 +275,8 @@ class OpsBot:
         if self.engine is not None:
             # The pipeline has drained: whatever the engine still runs was cancelled with its answer.
             await self.engine.shutdown(drain_timeout_s=5.0)
+        if self.pipeline is not None and self.pipeline.investigator is not None:
+            await self.pipeline.investigator.close()
         if self.context is not None:
             await self.context.close()
         if self.store is not None:

@@ -230,6 +230,13 @@ def build_parser() -> OneLineParser:
     ev.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable)")
     ev.add_argument("--max-tokens", type=int, help="answer tokens per case (default: the scenario's)")
     ev.add_argument(
+        "--loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the investigation loop (tool calls after the context) on or off for every case "
+        "(default: [investigate] enabled)",
+    )
+    ev.add_argument(
         "--evidence-only",
         action="store_true",
         help="gather and build every prompt, trace the decisive facts, generate no answer "
@@ -463,9 +470,10 @@ async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, 
     store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
     try:
         records = await store.requests_between(since, until)
+        steps = await store.steps_between(since, until)
     finally:
         await store.close()
-    report = build_report(records, since, until, args.by)
+    report = build_report(records, since, until, args.by, steps)
     if args.json:
         print(json.dumps(render_json(report), indent=2))
     elif args.csv:

@@ -521,6 +521,13 @@ class AlertmanagerSettings(ConfigSection):
     storm_settle_s: float = Field(5.0, ge=0)
     """Alert storms: seconds without a new group joining before the storm's one analysis starts
     (groups that join later get a further analysis of their own)."""
+    api_url: str | None = None
+    """Alertmanager's HTTP API (``http://alertmanager.monitoring:9093``) that investigations read
+    (active alerts with their silenced / inhibited state, active silences); unset: no such tools."""
+    api_bearer_token: SecretStr | None = None
+    """Bearer token sent to ``api_url`` (unset: none)."""
+    api_timeout_s: float = Field(3.0, gt=0)
+    """Deadline of one call to ``api_url``."""
 
 
 class ContextSettings(ConfigSection):
@@ -698,6 +705,65 @@ class RunbookSettings(ConfigSection):
 
 def _lane_targets(**seconds: float) -> dict[Lane, float | None]:
     return {Lane(name): value for name, value in seconds.items()}
+
+
+class LaneBudget(ConfigSection):
+    """One lane's investigation budget (``[investigate.lanes.<lane>]``)."""
+
+    max_steps: int = Field(4, ge=0, le=50)
+    """Tool calls an investigation may make (0: no loop in this lane); the step after the last
+    offers no tools, so the model must answer."""
+    max_tool_tokens: int = Field(1500, ge=0)
+    """Tokens of tool output the calls may add to the transcript, all together; once spent, the
+    answer is asked for."""
+    wall_s: float = Field(20.0, gt=0)
+    """Seconds the tool steps may take together (model decisions and tool calls); once past, the
+    answer is written from what was found."""
+
+
+def _lane_budgets() -> dict[Lane, LaneBudget]:
+    return {
+        Lane.URGENT: LaneBudget(max_steps=2, max_tool_tokens=600, wall_s=8.0),
+        Lane.NORMAL: LaneBudget(max_steps=4, max_tool_tokens=1500, wall_s=20.0),
+        Lane.BACKGROUND: LaneBudget(max_steps=6, max_tool_tokens=3000, wall_s=60.0),
+    }
+
+
+class InvestigateSettings(ConfigSection):
+    """The investigation loop (``bot/investigate.py``): after the gathered context (step 0), the
+    model may call read-only tools (``bot/tools/``) until it answers, within its lane's budget."""
+
+    enabled: bool = False
+    """Run the loop at all (needs an engine that constrains output: ``llamacpp``, ``vllm`` or
+    ``openai``; the transformers CPU engine answers without it)."""
+    scenarios: list[str] = Field(
+        default_factory=lambda: ["root_cause", "chat", "change_review", "alert_summary"]
+    )
+    """Scenarios that investigate (the off switch per scenario: leave one out)."""
+    lanes: dict[Lane, LaneBudget] = Field(default_factory=_lane_budgets)
+    """Budget per lane; the urgent lane's is small by default (someone is waiting)."""
+    max_output_tokens: int = Field(400, ge=32)
+    """Tokens one tool call's output may bring (cut by whole lines, with a note of what was cut)."""
+    decision_max_tokens: int = Field(320, ge=16)
+    """Tokens one tool call may take to write (its strings are bounded by the schema, so this is a
+    safety net, not a limit a well-formed call meets)."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """Seconds one tool call may take."""
+    root_cause_block: bool = True
+    """After the answer, one more constrained step writes the root cause as entities and claims
+    with step references (stored with the request row, shown as short citations)."""
+
+    @model_validator(mode="after")
+    def _every_lane(self) -> InvestigateSettings:
+        self.lanes = {**_lane_budgets(), **self.lanes}
+        return self
+
+    def budget(self, scenario: str, lane: Lane) -> LaneBudget | None:
+        """The budget of ``scenario`` in ``lane``, or ``None`` when it does not investigate."""
+        if not self.enabled or scenario not in self.scenarios:
+            return None
+        budget = self.lanes[lane]
+        return budget if budget.max_steps > 0 else None
 
 
 class SloSettings(ConfigSection):
@@ -905,6 +971,8 @@ class Settings(BaseSettings):
     """The chat thread as context."""
     answer: AnswerSettings = Field(default_factory=AnswerSettings)
     """Answers in flight (the watchdog)."""
+    investigate: InvestigateSettings = Field(default_factory=InvestigateSettings)
+    """The investigation loop (tool calls after the gathered context)."""
     actions: ActionsSettings = Field(default_factory=ActionsSettings)
     """Approval-gated actions (separate write credentials, per-channel approvers)."""
 

@@ -13,10 +13,10 @@
     ├── CaseError                bot.eval.cases: an eval case is malformed
     ├── DefaultModelUnavailable  bot.default_model: the default model cannot be fetched
     ├── EventLoopUnavailable     bot.event_loop: ``event_loop = "uvloop"`` without uvloop
-    ├── ActionError              bot.actions.catalog: a proposal outside the catalog or its schema
-    ├── ApplyError               bot.actions.kube_apply: a dry run or apply failed (the API's status text)
     ├── StartupError             bot.app: ``opsbot run`` cannot start (a port taken, a platform
     │                            token refused), found before the model loads: the key and the fix
+    ├── ActionError              bot.actions.catalog: a proposal outside the catalog or its schema
+    ├── ApplyError               bot.actions.kube_apply: a dry run or apply failed (the API's status text)
     └── PlatformError            a chat platform call failed for good (a reply, an edit, a read)
         ├── PlatformRejected         the platform refused the call itself (4xx or ``ok: false``:
         │                            not_in_channel, channel_not_found, invalid_auth, ...): retrying

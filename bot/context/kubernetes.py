@@ -105,6 +105,12 @@ class KubernetesProvider(ContextProvider):
                 self._target = str(configuration.host)
             return self._api
 
+    async def reader(self) -> KubeReader:
+        """A fresh reader (its own call log) over this provider's client: the investigation's tools
+        read through the same connection pool and credentials as the gathering."""
+        api = await self._client()
+        return KubeReader(api, timeout_s=self.settings.timeout_s, list_limit=self.settings.list_limit)
+
     async def close(self) -> None:
         """Close the API client's connection pool."""
         if self._api is not None:

@@ -99,6 +99,32 @@ class RequestRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # JSON (bot.replay), Text rather than JSON so SQLite and PostgreSQL store it alike.
     replay_inputs: Mapped[str | None] = mapped_column(Text)
+    # JSON (bot.investigate: entities and claims with step references), Text for both backends.
+    root_cause: Mapped[str | None] = mapped_column(Text)
+
+
+class InvestigationStepRow(Base):
+    """One model step of an investigation (see :class:`bot.store.records.StepRecord`)."""
+
+    __tablename__ = "opsbot_investigation_steps"
+
+    request_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("opsbot_requests.request_id", ondelete="CASCADE"), primary_key=True
+    )
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(32))
+    tool: Mapped[str | None] = mapped_column(String(64))
+    arguments: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    decode_ms: Mapped[float | None] = mapped_column(Float)
+    tool_ms: Mapped[float | None] = mapped_column(Float)
+    tool_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    summary: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str | None] = mapped_column(String(255))
 
 
 class ThreadRow(Base):

@@ -17,9 +17,11 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from bot.actions.service import ActionService
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
@@ -39,6 +41,9 @@ from bot.urgency import UrgentFirst
 from inference.engine import ChatMessage
 from inference.engine_set import EngineSet
 from inference.scenarios import ScenarioRegistry
+
+if TYPE_CHECKING:  # the loop pulls in every tool's client; imported only when it is on
+    from bot.investigate import Investigator
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +73,7 @@ class OpsBot:
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
         self.sweeper: ClaimSweeper | None = None
+        self.actions: ActionService | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -109,6 +115,9 @@ class OpsBot:
         }
         self.progress(f"engine{'s' if len(names) > 1 else ''} ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
+        if s.actions.enabled:
+            # Its own credentials and clients; the engine and the context gatherer never see them.
+            self.actions = ActionService(s.actions, self.store)
         # The SLO guard tunes one admission controller: the default engine's.
         self.slo = SloGuard.for_engine(s.slo, engines.get(engines.default))
         if self.slo is not None:
@@ -126,6 +135,8 @@ class OpsBot:
             model_names=models,
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
+            investigator=self._investigator(),
+            actions=self.actions,
         )
         return self.pipeline
 
@@ -142,6 +153,15 @@ class OpsBot:
                 f"http.port {h.port} on {h.host} cannot be bound: {exc.strerror or exc}. Fix: set http.port "
                 "(OPSBOT_HTTP__PORT) to a free port, stop what holds it, or http.enabled = false"
             ) from None
+
+    def _investigator(self) -> Investigator | None:
+        """The investigation loop over the gatherer's clients (``None`` when ``[investigate]`` is off;
+        imported only then: it pulls in every tool)."""
+        if not self.settings.investigate.enabled or self.context is None:
+            return None
+        from bot.investigate import build_investigator
+
+        return build_investigator(self.settings, self.context)
 
     async def start_service(self, adapters: list[ChatAdapter]) -> None:
         """HTTP server and chat adapters on top of ``start_core``."""
@@ -170,6 +190,12 @@ class OpsBot:
                 app, self.settings.http.host, self.settings.http.port, sock=self._http_socket
             )
             self._http_socket = None  # the server owns it now
+        if self.actions is not None:
+            for adapter in adapters:
+                if hasattr(adapter, "post_card"):
+                    adapter.actions = self.actions  # type: ignore[attr-defined]
+            self.actions.attach({a.platform: a for a in adapters if hasattr(a, "post_card")})  # type: ignore[misc]
+            self.actions.start()
         for adapter in adapters:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
@@ -236,6 +262,9 @@ class OpsBot:
             self.analyze.stop()  # batch analyses stop at once; what they finished is kept
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
+        if self.actions is not None:
+            await self.actions.drain(5.0)  # a verification in flight may still post its outcome
+            await self.actions.close()
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()
@@ -246,6 +275,8 @@ class OpsBot:
         if self.engine is not None:
             # The pipeline has drained: whatever the engine still runs was cancelled with its answer.
             await self.engine.shutdown(drain_timeout_s=5.0)
+        if self.pipeline is not None and self.pipeline.investigator is not None:
+            await self.pipeline.investigator.close()
         if self.context is not None:
             await self.context.close()
         if self.store is not None:

@@ -230,6 +230,13 @@ def build_parser() -> OneLineParser:
     ev.add_argument("--case", action="append", metavar="ID", help="run only this case (repeatable)")
     ev.add_argument("--max-tokens", type=int, help="answer tokens per case (default: the scenario's)")
     ev.add_argument(
+        "--loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the investigation loop (tool calls after the context) on or off for every case "
+        "(default: [investigate] enabled)",
+    )
+    ev.add_argument(
         "--evidence-only",
         action="store_true",
         help="gather and build every prompt, trace the decisive facts, generate no answer "
@@ -251,6 +258,21 @@ def build_parser() -> OneLineParser:
     export.add_argument(
         "--rating", choices=["all", "up", "down"], default="all", help="liked, disliked or all rated answers"
     )
+    audit = sub.add_parser("audit", help="proposed actions: who approved what, when, with what result")
+    audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", parser_class=OneLineParser)
+    audit_sub.required = True
+    for name, text in (("list", "one line per proposal"), ("export", "every proposal with its trail")):
+        one = audit_sub.add_parser(name, help=text)
+        one.add_argument(
+            "--since", type=parse_moment, default=timedelta(days=30), help="as for stats; default 30d"
+        )
+        one.add_argument(
+            "--state", choices=["proposed", "approving", "applied", "failed", "rejected", "expired"]
+        )
+        one.add_argument("--limit", type=int, default=10_000, help="most proposals (newest first)")
+        if name == "export":
+            one.add_argument("--format", choices=["json", "csv"], default="json")
+            one.add_argument("--out", default="-", help="file to write (default: stdout)")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -349,6 +371,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         from bot.eval.command import export_feedback
 
         return event_loop.run(export_feedback(settings, args, out=out, err=err), settings.event_loop)
+    if args.command == "audit":
+        from bot.actions.command import run_audit
+
+        return event_loop.run(run_audit(settings, args, out=out), settings.event_loop)
     if args.command == "analyze":
         from bot.analyze.command import run_analyze
 
@@ -444,9 +470,10 @@ async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, 
     store = await Store.open(settings.store_url, settings.store, upgrade=settings.store.auto_upgrade)
     try:
         records = await store.requests_between(since, until)
+        steps = await store.steps_between(since, until)
     finally:
         await store.close()
-    report = build_report(records, since, until, args.by)
+    report = build_report(records, since, until, args.by, steps)
     if args.json:
         print(json.dumps(render_json(report), indent=2))
     elif args.csv:

@@ -521,6 +521,13 @@ class AlertmanagerSettings(ConfigSection):
     storm_settle_s: float = Field(5.0, ge=0)
     """Alert storms: seconds without a new group joining before the storm's one analysis starts
     (groups that join later get a further analysis of their own)."""
+    api_url: str | None = None
+    """Alertmanager's HTTP API (``http://alertmanager.monitoring:9093``) that investigations read
+    (active alerts with their silenced / inhibited state, active silences); unset: no such tools."""
+    api_bearer_token: SecretStr | None = None
+    """Bearer token sent to ``api_url`` (unset: none)."""
+    api_timeout_s: float = Field(3.0, gt=0)
+    """Deadline of one call to ``api_url``."""
 
 
 class ContextSettings(ConfigSection):
@@ -605,6 +612,74 @@ class ThreadSettings(ConfigSection):
     """Characters kept of one message (a pasted log is cut, and says so)."""
 
 
+class ActionPolicySettings(ConfigSection):
+    """Who may approve proposed actions in some channels (``[[actions.policies]]``)."""
+
+    match: list[str] = Field(min_length=1)
+    """Channel ids or, starting with ``#``, shell-style patterns of channel names (as in
+    ``[[scope.channels]]``); the first policy that matches a channel decides."""
+    platform: Literal["slack", "mattermost", "console"] | None = None
+    """Only channels of this platform (unset: any)."""
+    approvers: list[str] = Field(default_factory=list)
+    """Who may approve: platform user ids (Slack ``U0123``, Mattermost user ids), ``@group`` (a
+    name in ``actions.groups``) and ``asker`` (whoever the proposal was made for). Empty: nobody
+    (cards are shown, every click is refused)."""
+    actions: list[str] = Field(default_factory=list)
+    """Action kinds these channels may propose (``rollout_restart``, ``rollback``, ``scale``,
+    ``delete_pod``, ``cordon``, ``uncordon``, ``silence``, ``expire_silence``); empty: all."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces actions here may touch (empty: any); cluster-scoped nodes are allowed only when
+    this is empty."""
+
+
+class ActionsSettings(ConfigSection):
+    """Approval-gated actions (``[actions]``): proposals become cards, a person approves, opsbot
+    applies with credentials of their own (never the read-only ones, never seen by the model)."""
+
+    enabled: bool = False
+    """Offer actions (``/rca propose ...``, proposal cards, Approve / Reject buttons)."""
+    kubeconfig: Path | None = None
+    """The kubeconfig of the *write* identity (a second file, e.g. for the ``opsbot-actions``
+    ServiceAccount of ``deploy/components/actions``); unset: that account's token file under
+    ``service_account_token`` below."""
+    context: str | None = None
+    """Context in ``kubeconfig`` (unset: its current context)."""
+    service_account_token: Path | None = None
+    """In-cluster: a projected token file of the write ServiceAccount (the pod's own token stays
+    the read-only one); used when ``kubeconfig`` is unset."""
+    alertmanager_url: str | None = None
+    """Alertmanager that silences are created in and expired from (``/api/v2/silences``)."""
+    alertmanager_token: SecretStr | None = None
+    """Bearer token for ``alertmanager_url``."""
+    secret: SecretStr | None = None
+    """HMAC key that signs every button's meaning (proposal, decision, digest of the action): a
+    click can be neither forged nor repointed at another proposal. Required when enabled."""
+    expiry_s: float = Field(900.0, gt=0)
+    """Seconds a proposal may be approved; later clicks are refused and the card says expired."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Deadline of one write call (dry run or apply)."""
+    verify_s: float = Field(120.0, gt=0)
+    """Seconds after applying to watch the rollout, pod, node or silence before posting the outcome."""
+    verify_poll_s: float = Field(2.0, gt=0)
+    """Seconds between two looks while verifying."""
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    """Approver groups by name (``[actions.groups] sre = ["U0123", "U0456"]``), named in policies as
+    ``@sre``."""
+    policies: list[ActionPolicySettings] = Field(default_factory=list)
+    """Per-channel approval policies, first match wins; a channel no policy matches may see cards
+    but nobody may approve them."""
+
+    @model_validator(mode="after")
+    def _secret_when_enabled(self) -> ActionsSettings:
+        if self.enabled and self.secret is None:
+            raise ValueError("actions.secret is required when actions are enabled (it signs every button)")
+        for policy in self.policies:
+            for entry in policy.approvers:
+                if entry.startswith("@") and entry[1:] not in self.groups:
+                    raise ValueError(f"actions.policies: approver {entry!r} names no group in actions.groups")
+        return self
+
+
 class RunbookSettings(ConfigSection):
     """Runbooks as context for alert summaries and ``/rca`` on an alert."""
 
@@ -630,6 +705,65 @@ class RunbookSettings(ConfigSection):
 
 def _lane_targets(**seconds: float) -> dict[Lane, float | None]:
     return {Lane(name): value for name, value in seconds.items()}
+
+
+class LaneBudget(ConfigSection):
+    """One lane's investigation budget (``[investigate.lanes.<lane>]``)."""
+
+    max_steps: int = Field(4, ge=0, le=50)
+    """Tool calls an investigation may make (0: no loop in this lane); the step after the last
+    offers no tools, so the model must answer."""
+    max_tool_tokens: int = Field(1500, ge=0)
+    """Tokens of tool output the calls may add to the transcript, all together; once spent, the
+    answer is asked for."""
+    wall_s: float = Field(20.0, gt=0)
+    """Seconds the tool steps may take together (model decisions and tool calls); once past, the
+    answer is written from what was found."""
+
+
+def _lane_budgets() -> dict[Lane, LaneBudget]:
+    return {
+        Lane.URGENT: LaneBudget(max_steps=2, max_tool_tokens=600, wall_s=8.0),
+        Lane.NORMAL: LaneBudget(max_steps=4, max_tool_tokens=1500, wall_s=20.0),
+        Lane.BACKGROUND: LaneBudget(max_steps=6, max_tool_tokens=3000, wall_s=60.0),
+    }
+
+
+class InvestigateSettings(ConfigSection):
+    """The investigation loop (``bot/investigate.py``): after the gathered context (step 0), the
+    model may call read-only tools (``bot/tools/``) until it answers, within its lane's budget."""
+
+    enabled: bool = False
+    """Run the loop at all (needs an engine that constrains output: ``llamacpp``, ``vllm`` or
+    ``openai``; the transformers CPU engine answers without it)."""
+    scenarios: list[str] = Field(
+        default_factory=lambda: ["root_cause", "chat", "change_review", "alert_summary"]
+    )
+    """Scenarios that investigate (the off switch per scenario: leave one out)."""
+    lanes: dict[Lane, LaneBudget] = Field(default_factory=_lane_budgets)
+    """Budget per lane; the urgent lane's is small by default (someone is waiting)."""
+    max_output_tokens: int = Field(400, ge=32)
+    """Tokens one tool call's output may bring (cut by whole lines, with a note of what was cut)."""
+    decision_max_tokens: int = Field(320, ge=16)
+    """Tokens one tool call may take to write (its strings are bounded by the schema, so this is a
+    safety net, not a limit a well-formed call meets)."""
+    tool_timeout_s: float = Field(5.0, gt=0)
+    """Seconds one tool call may take."""
+    root_cause_block: bool = True
+    """After the answer, one more constrained step writes the root cause as entities and claims
+    with step references (stored with the request row, shown as short citations)."""
+
+    @model_validator(mode="after")
+    def _every_lane(self) -> InvestigateSettings:
+        self.lanes = {**_lane_budgets(), **self.lanes}
+        return self
+
+    def budget(self, scenario: str, lane: Lane) -> LaneBudget | None:
+        """The budget of ``scenario`` in ``lane``, or ``None`` when it does not investigate."""
+        if not self.enabled or scenario not in self.scenarios:
+            return None
+        budget = self.lanes[lane]
+        return budget if budget.max_steps > 0 else None
 
 
 class SloSettings(ConfigSection):
@@ -837,6 +971,10 @@ class Settings(BaseSettings):
     """The chat thread as context."""
     answer: AnswerSettings = Field(default_factory=AnswerSettings)
     """Answers in flight (the watchdog)."""
+    investigate: InvestigateSettings = Field(default_factory=InvestigateSettings)
+    """The investigation loop (tool calls after the gathered context)."""
+    actions: ActionsSettings = Field(default_factory=ActionsSettings)
+    """Approval-gated actions (separate write credentials, per-channel approvers)."""
 
     @model_validator(mode="after")
     def _clusters_and_scopes_agree(self) -> Settings:

@@ -15,6 +15,8 @@
     ├── EventLoopUnavailable     bot.event_loop: ``event_loop = "uvloop"`` without uvloop
     ├── StartupError             bot.app: ``opsbot run`` cannot start (a port taken, a platform
     │                            token refused), found before the model loads: the key and the fix
+    ├── ActionError              bot.actions.catalog: a proposal outside the catalog or its schema
+    ├── ApplyError               bot.actions.kube_apply: a dry run or apply failed (the API's status text)
     └── PlatformError            a chat platform call failed for good (a reply, an edit, a read)
         ├── PlatformRejected         the platform refused the call itself (4xx or ``ok: false``:
         │                            not_in_channel, channel_not_found, invalid_auth, ...): retrying

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from bot.access import AccessPolicy
 from bot.event_loop import stop_task
-from bot.types import FinalAnswer, IncomingMessage, SourceNote, ThreadRead
+from bot.types import FinalAnswer, IncomingMessage, SourceNote, StepUpdate, ThreadRead
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,16 @@ class ReplyStream(abc.ABC):
         """Context gathering is done: show what each source gave (Slack's native stream shows them
         as task updates); default: nothing, the footer lists them."""
         return None
+
+    steps_in_text: bool = True
+    """Whether the investigation's checklist is shown in the streamed text (edited replies, the
+    eval); ``False`` where the platform shows steps itself (Slack's native task updates)."""
+
+    async def show_step(self, step: StepUpdate, checklist: str) -> None:
+        """An investigation step started or ended (``checklist``: every step so far, one line each).
+        Default: the checklist is the reply's text until the answer's first words replace it (the
+        stream's own edit pacing and rate budget apply)."""
+        await self.update(checklist)
 
     def seconds_to_next_edit(self) -> float:
         """How long until this stream sends answer text again, in seconds (0: it would now). The

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from bot.adapters.base import ChatAdapter, MessageSink, ReplyStream
 from bot.adapters.streaming import format_footer_line
-from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
+from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote, StepUpdate
 
 PROMPT = "opsbot> "
 QUIT_WORDS = {"/quit", "/exit", ":q"}
@@ -63,6 +63,15 @@ class ConsoleReply(ReplyStream):
             for s in sources
         )
         self._console.print(f"[dim]context: {marks}[/dim]", highlight=False)
+
+    steps_in_text = False
+    """Steps are printed as lines of their own (:meth:`show_step`), not as answer text."""
+
+    async def show_step(self, step: StepUpdate, checklist: str) -> None:
+        """One dim line per finished step (``✅ [2] kube_logs ... — 40 log lines``)."""
+        if step.state != "pending":
+            # markup off: a tool's title or result may hold [brackets] that rich would eat
+            self._console.print(step.line(), style="dim", highlight=False, markup=False)
 
     async def update(self, text: str) -> None:
         # Redaction may rewrite text already shown; then wait for the final answer to reprint.

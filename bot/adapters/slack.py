@@ -82,6 +82,8 @@ from bot.metrics import REPLIES_FAILED
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 
 if TYPE_CHECKING:
+    from bot.actions.cards import Card
+    from bot.actions.service import ActionService
     from bot.store import Store
 
 logger = logging.getLogger(__name__)
@@ -159,6 +161,8 @@ class SlackAdapter(ChatAdapter):
         self._unknown_users: dict[str, float] = {}
         """Users ``users.info`` does not know, until when (monotonic seconds) that is believed."""
         self._channel_names: dict[str, str | None] = {}
+        self.actions: ActionService | None = None
+        """Where Approve / Reject clicks go (``[actions]``; ``None``: actions are off)."""
         self.app = self._build_app()
 
     @property
@@ -188,6 +192,7 @@ class SlackAdapter(ChatAdapter):
         app.event("assistant_thread_started")(self._on_assistant_thread)
         app.command(self.settings.command)(self._on_command)
         app.action(re.compile(rf"^({FEEDBACK_UP}|{FEEDBACK_DOWN}):"))(self._on_feedback)
+        app.action(re.compile(r"^opsbot_action_(approve|reject)$"))(self._on_action_click)
         return app
 
     async def preflight(self) -> None:
@@ -678,6 +683,54 @@ class SlackAdapter(ChatAdapter):
         if request_id:
             await self.store.record_feedback(request_id, PLATFORM, user, value)
             logger.info("slack feedback: request_id=%s user=%s value=%d", request_id, user, value)
+
+    async def _on_action_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        # The clicker is whoever Slack says clicked: the request's v0 signature (HTTP mode) or the
+        # app-token-authenticated Socket Mode link vouches for the whole payload, user.id included.
+        await ack()
+        user = str((body.get("user") or {}).get("id", ""))
+        channel = str(
+            (body.get("channel") or {}).get("id", "") or (body.get("container") or {}).get("channel_id", "")
+        )
+        if not user or not channel:
+            return
+        if self.actions is None:
+            text = ":no_entry: Actions are turned off here; nothing was done."
+        else:
+            from bot.actions.approval import Click
+
+            name = (body.get("user") or {}).get("username")
+            click = Click(PLATFORM, str(action.get("value", "")), user, channel, str(name) if name else None)
+            text = await self.actions.decide(click)
+        params: dict[str, Any] = {"channel": channel, "user": user, "text": text}
+        thread = (body.get("message") or {}).get("thread_ts")
+        if thread:
+            params["thread_ts"] = thread
+        try:
+            await self.call("chat.postEphemeral", params, channel=channel)
+        except SlackCallError as exc:
+            logger.warning("slack action answer not delivered to %s: %s", user, exc)
+
+    async def post_card(self, channel: str, thread_id: str | None, card: Card) -> str:
+        """Post a proposal card (Block Kit) into ``thread_id``'s thread; its ``ts``."""
+        from bot.actions.cards import slack_blocks
+
+        params: dict[str, Any] = {
+            "channel": channel,
+            "text": fallback_text(markdown_to_mrkdwn(card.title)),
+            "blocks": slack_blocks(card),
+        }
+        if thread_id:
+            params["thread_ts"] = thread_id
+        data = await self.call("chat.postMessage", params, channel=channel)
+        return str(data["ts"])
+
+    async def update_card(self, channel: str, card_id: str, card: Card) -> None:
+        """Replace a posted card (``chat.update``): decided, its buttons gone."""
+        from bot.actions.cards import slack_blocks
+
+        params = {"channel": channel, "ts": card_id, "text": card.title, "blocks": slack_blocks(card)}
+        await self.call("chat.update", params, channel=channel)
 
     async def _on_assistant_thread(self, event: dict[str, Any]) -> None:
         thread = event.get("assistant_thread") or {}

@@ -5,7 +5,7 @@ few thousand pods would spend the whole context deadline on deserialising. So th
 for what it is good at (kubeconfig, in-cluster credentials, TLS, auth refresh) and the answers are
 read as JSON dicts, in the API's own field names.
 
-Only GET is ever sent (``deploy/rbac.yaml`` grants get / list / watch); Secrets and ConfigMaps are
+Only GET is ever sent (``deploy/base/rbac.yaml`` grants get / list / watch); Secrets and ConfigMaps are
 not among the resources this module knows, so no code path can read one.
 """
 
@@ -45,7 +45,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "cronjobs": ("/apis/batch/v1", True),
 }
 """Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` nor
-``configmaps`` (both may hold credentials; ``deploy/rbac.yaml`` grants neither): a pod's references
+``configmaps`` (both may hold credentials; ``deploy/base/rbac.yaml`` grants neither): a pod's references
 to them are read from its own spec."""
 
 
@@ -157,7 +157,15 @@ class KubeReader:
         return found
 
     async def log_text(
-        self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int, limit_bytes: int
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        previous: bool,
+        tail_lines: int,
+        limit_bytes: int,
+        since_seconds: int | None = None,
     ) -> str:
         """A container's log (its last ``tail_lines`` lines, at most ``limit_bytes``); empty when it has
         none (a container that never started is a fact, not a failure)."""
@@ -170,6 +178,8 @@ class KubeReader:
             "tailLines": tail_lines,
             "limitBytes": limit_bytes,
         }
+        if since_seconds is not None:
+            query["sinceSeconds"] = since_seconds
         try:
             return await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, accept="*/*")
         except ApiException as exc:

@@ -18,7 +18,7 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/rbac.yaml``); Secrets and ConfigMaps are never read.
+are made (see ``deploy/base/rbac.yaml``); Secrets and ConfigMaps are never read.
 """
 
 from __future__ import annotations
@@ -104,6 +104,12 @@ class KubernetesProvider(ContextProvider):
                 self._api = client.ApiClient(configuration=configuration)
                 self._target = str(configuration.host)
             return self._api
+
+    async def reader(self) -> KubeReader:
+        """A fresh reader (its own call log) over this provider's client: the investigation's tools
+        read through the same connection pool and credentials as the gathering."""
+        api = await self._client()
+        return KubeReader(api, timeout_s=self.settings.timeout_s, list_limit=self.settings.list_limit)
 
     async def close(self) -> None:
         """Close the API client's connection pool."""

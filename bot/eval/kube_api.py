@@ -5,7 +5,8 @@ Served by aiohttp on a free port; the real kubernetes-asyncio client reaches it 
 file (:meth:`KubernetesSnapshotServer.write_kubeconfig`), with a bearer token it checks. Nothing in
 opsbot's own code is pointed at it except by that kubeconfig.
 
-Routes (GET only; anything else is 405, as for a read-only service account): the list calls of
+Routes (GET only unless ``write_token`` is set, see :mod:`bot.eval.kube_write`; anything else is 405,
+as for a read-only service account): the list calls of
 ``/api/v1`` (pods, events, nodes, namespaces, services, configmaps, secrets, persistentvolumeclaims,
 persistentvolumes), ``/apis/apps/v1`` (deployments, statefulsets, replicasets, daemonsets),
 ``/apis/discovery.k8s.io/v1/endpointslices``, ``/apis/storage.k8s.io/v1/storageclasses``,
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.eval.kube_write import Write, add_write_routes
 from bot.eval.local_server import LocalApiServer
 
 NOW = datetime(2026, 11, 29, 20, 0, 0, tzinfo=UTC)
@@ -103,6 +105,13 @@ class KubernetesSnapshotServer(LocalApiServer):
     faults: list[tuple[re.Pattern[str], Fault]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
+    write_token: str | None = None
+    """The token of a ServiceAccount that may write (:mod:`bot.eval.kube_write`: patch, scale,
+    delete a pod, dry runs); ``None``: the server is read-only and every write is 405."""
+    rollout_delay_s: float = 0.0
+    """Seconds a written workload's status takes to catch up (its controller's rollout)."""
+    writes: list[Write] = field(default_factory=list)
+    """Every write call taken (dry runs too), for assertions and ``bench``."""
 
     def state_text(self) -> str:
         """Everything this server serves, as one text (objects as JSON, then every log): what an
@@ -144,6 +153,8 @@ class KubernetesSnapshotServer(LocalApiServer):
                 app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}", handler)
                 if plural != "pods":
                     app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}/{{name}}", one)
+        if self.write_token is not None:
+            add_write_routes(self, app)
         return app
 
     async def _version(self, request: web.Request) -> web.Response:
@@ -178,11 +189,17 @@ class KubernetesSnapshotServer(LocalApiServer):
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append(f"{request.method} {request.path_qs}")
+        auth = request.headers.get("Authorization")
+        writer = self.write_token is not None and auth == f"Bearer {self.write_token}"
         if request.method != "GET":
-            return web.json_response(
-                status_object(405, "MethodNotAllowed", "read-only snapshot server"), status=405
-            )
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            if self.write_token is None:
+                return web.json_response(
+                    status_object(405, "MethodNotAllowed", "read-only snapshot server"), status=405
+                )
+            if auth == f"Bearer {self.token}":  # what RBAC answers the get/list/watch account
+                message = f"the read-only ServiceAccount cannot {request.method.lower()} {request.path}"
+                return web.json_response(status_object(403, "Forbidden", message), status=403)
+        if not writer and auth != f"Bearer {self.token}":
             return web.json_response(status_object(401, "Unauthorized", "Unauthorized"), status=401)
         await self.answer_delay()
         for pattern, fault in self.faults:

@@ -199,3 +199,38 @@ def missing_from_context(expect: Expectation, context: str) -> list[str]:
         if not any(contains_number(context, o) for o in options)
     ]
     return missing
+
+
+def _entity(text: str) -> tuple[str, str, str]:
+    """``[Kind] [namespace/]name`` as (kind, namespace, name), lowercased (missing parts empty)."""
+    kind, _, rest = text.strip().rpartition(" ")
+    namespace, _, name = rest.rpartition("/")
+    return kind.lower(), namespace.lower(), name.lower()
+
+
+def _names(expected: Sequence[str], named: dict[str, object]) -> bool:
+    """Whether the named entity is one of ``expected``'s alternatives (a part the expectation leaves
+    out matches anything)."""
+    got = (
+        str(named.get("kind") or "").lower(),
+        str(named.get("namespace") or "").lower(),
+        str(named.get("name") or "").lower(),
+    )
+    for option in expected:
+        kind, namespace, name = _entity(option)
+        if name == got[2] and (not namespace or namespace == got[1]) and (not kind or kind == got[0]):
+            return True
+    return False
+
+
+def root_cause_score(named: Sequence[dict[str, object]], expected: Sequence[Sequence[str]]) -> float | None:
+    """The ITBench-AA style entity score: when every expected entity is among ``named``, the
+    precision of ``named`` (the share of named entities that are expected); else 0. ``None``: the
+    case expects no entity."""
+    if not expected:
+        return None
+    entities = [e for e in named if isinstance(e, dict)]
+    if not entities or not all(any(_names(options, e) for e in entities) for options in expected):
+        return 0.0
+    hits = sum(1 for e in entities if any(_names(options, e) for options in expected))
+    return hits / len(entities)

@@ -913,7 +913,7 @@ class Settings(BaseSettings):
     """Log one JSON object per line (for log shippers) instead of text."""
     log_file: Path | None = None
     """File the log is appended to instead of stderr. Unset: stderr, except in ``opsbot chat``,
-    which writes ``chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
+    which writes ``opsbot-chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
     puts the log, at DEBUG, back on stderr)."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and

@@ -43,10 +43,11 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "horizontalpodautoscalers": ("/apis/autoscaling/v2", True),
     "jobs": ("/apis/batch/v1", True),
     "cronjobs": ("/apis/batch/v1", True),
+    "configmaps": ("/api/v1", True),
 }
-"""Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` nor
-``configmaps`` (both may hold credentials; ``deploy/rbac.yaml`` grants neither): a pod's references
-to them are read from its own spec."""
+"""Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` (a pod's
+references to them are read from its own spec); ``configmaps`` only one by one, those the pods in
+question reference, when ``kubernetes.read_configmaps`` is on (values redacted)."""
 
 
 def api_error(exc: BaseException) -> str:

@@ -22,12 +22,15 @@ from bot.context.kube_objects import Obj
 from bot.context.kube_snapshot import Ref, Snapshot
 from bot.context.logsig import CONTEXT, DECISIVE, ERROR, FILLER, Line, signature
 from bot.context.matching import Focus
+from bot.redact import redact
 
 SOURCE = "Kubernetes"
 _MAX_POD_LINES = 60
 _MAX_EVENTS = 200
 _MAX_REVISIONS = 5
 _MAX_DETAILS = 3
+_MAX_CONFIG_KEYS = 12
+_MAX_CONFIG_VALUE = 160
 _Lines = list[tuple[str, int]]
 
 
@@ -63,6 +66,8 @@ class Gathered:
     scope: list[str] | None
     change_review: bool
     entities: Entities
+    configmaps: list[Obj] = field(default_factory=list)
+    """The ConfigMaps the pods in question reference, when ``kubernetes.read_configmaps`` is on."""
 
 
 def build(g: Gathered) -> list[ContextSection]:
@@ -388,22 +393,47 @@ def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -
 def _configs(g: Gathered) -> ContextSection | None:
     if not g.plan.configs:
         return None
+    read = {ko.key(cm): cm for cm in g.configmaps}
     lines: _Lines = []
     for (kind, ns, name), keys in sorted(g.plan.configs.items()):
         if name.startswith("kube-root-ca.crt"):
             continue
         what = f"keys {', '.join(sorted(keys))}" if keys else "all keys (mounted or envFrom)"
-        never = " (values are never read)" if kind == "secret" else " (opsbot does not read ConfigMaps)"
-        lines.append((f"{kind} {ns}/{name}: {what}{never}", ERROR))
+        configmap = read.get((ns, name)) if kind == "configmap" else None
+        if configmap is None:
+            never = " (values are never read)" if kind == "secret" else " (values not read)"
+            lines.append((f"{kind} {ns}/{name}: {what}{never}", ERROR))
+            continue
+        lines += _configmap_lines(configmap, keys)
     if not lines:
         return None
     return ranked_section(
         source=SOURCE,
-        title="ConfigMap and Secret references (names and keys only)",
+        title="ConfigMaps the pods reference (values redacted) and Secret references (names and keys only)",
         lines=lines,
         priority=30,
         unit="more references",
     )
+
+
+def _configmap_lines(configmap: Obj, keys: set[str]) -> _Lines:
+    """A ConfigMap the pods reference: its referenced keys with their values (all keys for a volume
+    or ``envFrom``), a key referenced but missing called out, since the pod then reads nothing."""
+    data = {str(k): str(v) for k, v in (configmap.get("data") or {}).items()}
+    binary = sorted(str(k) for k in configmap.get("binaryData") or {})
+    wanted = sorted(keys) if keys else sorted(data)
+    header = f"configmap {ko.namespace(configmap)}/{ko.name(configmap)}: keys {', '.join(sorted(data)) or 'none'}"
+    lines: _Lines = [(header + (f"; binary keys {', '.join(binary)}" if binary else ""), ERROR)]
+    for key in wanted[:_MAX_CONFIG_KEYS]:
+        if key in data:
+            # Redacted here as well as with the section: a ConfigMap is where credentials leak.
+            value = redact(ko.short(data[key], _MAX_CONFIG_VALUE), where="context")
+            lines.append((f"  {key}={value}", ERROR))
+        elif key not in binary:
+            lines.append((f"  {key}: referenced, but the ConfigMap has no such key", DECISIVE))
+    if len(wanted) > _MAX_CONFIG_KEYS:
+        lines.append((f"  ... {len(wanted) - _MAX_CONFIG_KEYS} more keys", CONTEXT))
+    return lines
 
 
 def _related_names(g: Gathered) -> tuple[set[str], set[str], set[str]]:

@@ -18,7 +18,8 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/rbac.yaml``); Secrets and ConfigMaps are never read.
+are made (see ``deploy/rbac.yaml``); Secrets are never read, ConfigMaps only those the pods in
+question reference, with ``kubernetes.read_configmaps`` (their values redacted).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ _MAX_FOCUS_WORKLOADS = 2
 _MAX_PODS_PER_WORKLOAD = 3
 _MAX_FOCUS_PODS = 5
 _MAX_HOP_LOG_PODS = 6
+_MAX_CONFIGMAPS = 4
 _LOG_LIMIT_BYTES = 512 * 1024
 
 
@@ -207,9 +209,10 @@ class _Gathering:
         snapshot.add_replicasets(replicasets)
         logs = _by_pod(streams)
         plan = hops.plan(snapshot, top, logs, question=self.request.question)
-        hop_streams, slices = await asyncio.gather(
+        hop_streams, slices, configmaps = await asyncio.gather(
             self._logs(_hop_pods(plan, {ko.key(p) for p in top}), errors_only=True),
             self._endpoint_slices(plan),
+            self._configmaps(plan),
         )
         snapshot.endpointslices = slices
         sections = kube_sections.build(
@@ -225,6 +228,7 @@ class _Gathering:
                 scope=self.namespaces,
                 change_review=self.request.scenario == CHANGE_REVIEW,
                 entities=self.entities,
+                configmaps=configmaps,
             )
         )
         return sections, _findings(snapshot, top, plan)
@@ -276,6 +280,19 @@ class _Gathering:
             for s in services
         ]
         return [item for found in await asyncio.gather(*calls) for item in found]
+
+    async def _configmaps(self, plan: hops.Plan) -> list[Obj]:
+        """The ConfigMaps the pods in question reference (``kubernetes.read_configmaps``; one get
+        each, the first few): a value there (a host, a flag) is often what changed. Never Secrets."""
+        if not self.settings.read_configmaps:
+            return []
+        wanted = [
+            (ns, name)
+            for (kind, ns, name) in plan.configs
+            if kind == "configmap" and not name.startswith("kube-root-ca.crt")
+        ][:_MAX_CONFIGMAPS]
+        found = await asyncio.gather(*(self.reader.get("configmaps", ns, name) for ns, name in wanted))
+        return [o for o in found if o is not None]
 
     async def _storage(self, snapshot: Snapshot, pods: Sequence[Obj]) -> list[Obj]:
         """The PersistentVolumes and StorageClasses behind the claims of ``pods``."""

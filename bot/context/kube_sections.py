@@ -30,6 +30,7 @@ _MAX_EVENTS = 200
 _MAX_REVISIONS = 5
 _MAX_DETAILS = 3
 _MAX_CONFIG_KEYS = 12
+_MAX_SELECTLESS = 3
 _MAX_CONFIG_VALUE = 160
 _Lines = list[tuple[str, int]]
 
@@ -291,6 +292,7 @@ def _dependencies(g: Gathered) -> ContextSection | None:
                 lines.append(
                     (f"  service kube-system/{ko.name(svc)}: endpoints {ready}/{total} ready", ERROR)
                 )
+    lines += _services_selecting_nothing(g)
     if not lines:
         return None
     return ranked_section(
@@ -300,6 +302,31 @@ def _dependencies(g: Gathered) -> ContextSection | None:
         priority=18,
         unit="more dependency lines",
     )
+
+
+def _services_selecting_nothing(g: Gathered) -> _Lines:
+    """Services in the namespaces of the pods in question whose selector matches no pod: traffic to
+    them goes nowhere (a selector typo, a label changed by a rollout), while every pod looks healthy.
+    One named like a workload in question is decisive; the labels its pods do carry are shown."""
+    spaces = {ko.namespace(p) for p in g.top}
+    names = {ref[2] for ref in hops.workload_refs(g.snapshot, g.top)}
+    lines: _Lines = []
+    for svc in g.snapshot.services:
+        selector = ko.spec(svc).get("selector")
+        if ko.namespace(svc) not in spaces or not selector:
+            continue
+        if any(ko.selects(selector, p) for p in g.snapshot.pods_in(ko.namespace(svc))):
+            continue
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        line = f"service {ko.namespace(svc)}/{ko.name(svc)} selects {wanted}: no pod matches (no endpoints)"
+        similar = [p for p in g.top if ko.name(svc) in names or ko.name(p).startswith(ko.name(svc))]
+        if similar:
+            carried = ", ".join(
+                f"{k}={v}" for k, v in sorted(ko.labels(similar[0]).items()) if k in selector
+            )
+            line += f"; {ko.name(similar[0])} carries {carried or 'none of these labels'}"
+        lines.append((line, DECISIVE if similar else ERROR))
+    return lines[:_MAX_SELECTLESS]
 
 
 def _broken_pod_lines(pod: Obj) -> _Lines:

@@ -404,8 +404,10 @@ def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -
             lines.append((f"{what}: " + ("; ".join(changes) or "none in the pod template"), history))
     elif kind == "StatefulSet" and obj is not None:
         lines.append((ko.statefulset_line(obj), rank))
+        lines += _sibling_diff(snapshot, ref, history)
     elif kind == "DaemonSet" and obj is not None:
         lines.append((ko.daemonset_line(obj), rank))
+        lines += _sibling_diff(snapshot, ref, history)
     elif kind == "CronJob" and obj is not None:
         lines.append((ko.cronjob_line(obj), rank))
         for i, job in enumerate(snapshot.jobs_of(obj)[:3]):
@@ -415,6 +417,20 @@ def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -
     for hpa in snapshot.hpas_for(ref):
         lines.append(("  " + ko.hpa_line(hpa), rank))
     return lines
+
+
+def _sibling_diff(snapshot: Snapshot, ref: Ref, rank: int) -> _Lines:
+    """What differs between a broken pod of a StatefulSet or DaemonSet and a healthy one of the same
+    workload (image, resources, env, probes ...): their revisions are ControllerRevisions opsbot does
+    not read, but a rollout half done (or one node's pod) shows in the pods' own specs."""
+    pods = snapshot.pods_of(ref)
+    broken = next((p for p in sorted(pods, key=_broken_first) if ko.pod_problems(p)), None)
+    healthy = next((p for p in sorted(pods, key=ko.key) if not ko.pod_problems(p)), None)
+    if broken is None or healthy is None:
+        return []
+    changes = ko.template_diff({"spec": ko.spec(broken)}, {"spec": ko.spec(healthy)})
+    what = f"  {ko.name(broken)} (not healthy) differs from {ko.name(healthy)} (healthy)"
+    return [(f"{what}: " + ("; ".join(changes) or "not in the pod spec"), rank)]
 
 
 def _configs(g: Gathered) -> ContextSection | None:

@@ -67,6 +67,8 @@ class Gathered:
     scope: list[str] | None
     change_review: bool
     entities: Entities
+    quiet: list[Obj] = field(default_factory=list)
+    """With nothing named and nothing unhealthy: running pods whose logs were read for errors."""
     configmaps: list[Obj] = field(default_factory=list)
     """The ConfigMaps the pods in question reference, when ``kubernetes.read_configmaps`` is on."""
 
@@ -349,7 +351,8 @@ def _focus_refs(g: Gathered) -> list[Ref]:
 def _workloads(g: Gathered) -> ContextSection | None:
     lines: _Lines = []
     refs = (
-        []
+        # Nothing in question: the workloads whose running pods' logs were read, if any.
+        hops.workload_refs(g.snapshot, g.quiet)
         if g.overview
         else [*_focus_refs(g), *(r for r in g.focus.workloads[:2] if not g.snapshot.pods_of(r))]
     )
@@ -633,6 +636,8 @@ def _hop_reason(g: Gathered, pod: Obj) -> str:
             return f"{dep.label}, {dep.why}"
     if pod in g.plan.dns:
         return "cluster DNS"
+    if pod in g.quiet:
+        return "errors in the log of a running pod (no pod is unhealthy)"
     for node, pods in g.plan.neighbours.items():
         if pod in pods:
             return f"neighbour on node {node}"

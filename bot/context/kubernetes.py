@@ -59,6 +59,8 @@ _MAX_PODS_PER_WORKLOAD = 3
 _MAX_FOCUS_PODS = 5
 _MAX_HOP_LOG_PODS = 6
 _MAX_CONFIGMAPS = 4
+_MAX_QUIET_PODS = 4
+_SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 _LOG_LIMIT_BYTES = 512 * 1024
 
 
@@ -209,8 +211,11 @@ class _Gathering:
         snapshot.add_replicasets(replicasets)
         logs = _by_pod(streams)
         plan = hops.plan(snapshot, top, logs, question=self.request.question)
+        # Nothing named and nothing unhealthy: the fault may only be in a running pod's log (an
+        # expired certificate, an upstream refusing), so a few workloads' logs are read for errors.
+        quiet = _quiet_sample(snapshot) if overview and not top else []
         hop_streams, slices, configmaps = await asyncio.gather(
-            self._logs(_hop_pods(plan, {ko.key(p) for p in top}), errors_only=True),
+            self._logs([*_hop_pods(plan, {ko.key(p) for p in top}), *quiet], errors_only=True),
             self._endpoint_slices(plan),
             self._configmaps(plan),
         )
@@ -229,6 +234,7 @@ class _Gathering:
                 change_review=self.request.scenario == CHANGE_REVIEW,
                 entities=self.entities,
                 configmaps=configmaps,
+                quiet=quiet,
             )
         )
         return sections, _findings(snapshot, top, plan)
@@ -346,6 +352,25 @@ def _top_pods(snapshot: Snapshot, focus: matching.Focus) -> list[Obj]:
         per_workload[ref] = per_workload.get(ref, 0) + 1
         chosen.append(pod)
         if len(chosen) >= _MAX_FOCUS_PODS:
+            break
+    return chosen
+
+
+def _quiet_sample(snapshot: Snapshot) -> list[Obj]:
+    """With nothing unhealthy in the scope: one running pod of each of the first few workloads
+    outside the system namespaces (by namespace and name, never API order), whose logs are read for
+    errors. In a scoped channel these are the team's own workloads."""
+    chosen: list[Obj] = []
+    seen: set[tuple[str, str, str]] = set()
+    for pod in sorted(snapshot.pods, key=ko.key):
+        ref = snapshot.workload_of(pod)
+        if ko.namespace(pod) in _SYSTEM_NAMESPACES or ref in seen:
+            continue
+        if ko.status(pod).get("phase") != "Running":
+            continue
+        seen.add(ref)
+        chosen.append(pod)
+        if len(chosen) >= _MAX_QUIET_PODS:
             break
     return chosen
 

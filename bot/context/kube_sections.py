@@ -71,6 +71,8 @@ class Gathered:
     """With nothing named and nothing unhealthy: running pods whose logs were read for errors."""
     configmaps: list[Obj] = field(default_factory=list)
     """The ConfigMaps the pods in question reference, when ``kubernetes.read_configmaps`` is on."""
+    configmap_values: str = ""
+    """Why no ConfigMap values were read ("": they were, where the ConfigMap exists)."""
 
 
 def build(g: Gathered) -> list[ContextSection]:
@@ -432,8 +434,11 @@ def _sibling_diff(snapshot: Snapshot, ref: Ref, rank: int) -> _Lines:
     if broken is None or healthy is None:
         return []
     changes = ko.template_diff({"spec": ko.spec(broken)}, {"spec": ko.spec(healthy)})
+    if not changes:
+        # Worth saying: the cause is then not a rollout but the node, the data or a dependency.
+        return [(f"  {ko.name(broken)} (not healthy) has the same pod spec as {ko.name(healthy)} (healthy)", rank)]
     what = f"  {ko.name(broken)} (not healthy) differs from {ko.name(healthy)} (healthy)"
-    return [(f"{what}: " + ("; ".join(changes) or "not in the pod spec"), rank)]
+    return [(f"{what}: " + "; ".join(changes), rank)]
 
 
 def _configs(g: Gathered) -> ContextSection | None:
@@ -447,7 +452,11 @@ def _configs(g: Gathered) -> ContextSection | None:
         what = f"keys {', '.join(sorted(keys))}" if keys else "all keys (mounted or envFrom)"
         configmap = read.get((ns, name)) if kind == "configmap" else None
         if configmap is None:
-            never = " (values are never read)" if kind == "secret" else " (values not read)"
+            never = (
+                " (values are never read)"
+                if kind == "secret"
+                else f" (values not read: {g.configmap_values or 'no such ConfigMap'})"
+            )
             lines.append((f"{kind} {ns}/{name}: {what}{never}", ERROR))
             continue
         lines += _configmap_lines(configmap, keys)

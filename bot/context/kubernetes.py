@@ -74,6 +74,8 @@ class KubernetesProvider(ContextProvider):
         self._api: client.ApiClient | None = None
         self._lock = asyncio.Lock()
         self._target = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "in-cluster"
+        self._denied: dict[str, bool] = {}
+        """Opt-in resources the API refused with 403 (see ``kube_read.OPT_IN_RESOURCES``): not asked again."""
 
     @property
     def target(self) -> str:
@@ -124,7 +126,7 @@ class KubernetesProvider(ContextProvider):
                 SOURCE, self.target, "load kubeconfig", f"cannot configure client: {exc}"
             )
         reader = KubeReader(api, timeout_s=self.settings.timeout_s, list_limit=self.settings.list_limit)
-        gathering = _Gathering(reader, self.settings, request)
+        gathering = _Gathering(reader, self.settings, request, self._denied)
         try:
             sections, findings = await gathering.run()
         except Exception as exc:  # ApiException, aiohttp connection errors and the like
@@ -145,8 +147,15 @@ class KubernetesProvider(ContextProvider):
 class _Gathering:
     """One question's rounds of API calls, and the sections made of their answers."""
 
-    def __init__(self, reader: KubeReader, settings: KubernetesSettings, request: ContextRequest) -> None:
+    def __init__(
+        self,
+        reader: KubeReader,
+        settings: KubernetesSettings,
+        request: ContextRequest,
+        denied: dict[str, bool] | None = None,
+    ) -> None:
         self.reader = reader
+        self.denied = denied if denied is not None else {}
         self.settings = settings
         self.request = request
         self.entities = request.entities
@@ -234,6 +243,13 @@ class _Gathering:
                 change_review=self.request.scenario == CHANGE_REVIEW,
                 entities=self.entities,
                 configmaps=configmaps,
+                configmap_values=(
+                    "kubernetes.read_configmaps is off"
+                    if not self.settings.read_configmaps
+                    else "opsbot's Role grants no get on configmaps"
+                    if self.denied.get("configmaps")
+                    else ""
+                ),
                 quiet=quiet,
             )
         )
@@ -290,7 +306,7 @@ class _Gathering:
     async def _configmaps(self, plan: hops.Plan) -> list[Obj]:
         """The ConfigMaps the pods in question reference (``kubernetes.read_configmaps``; one get
         each, the first few): a value there (a host, a flag) is often what changed. Never Secrets."""
-        if not self.settings.read_configmaps:
+        if not self.settings.read_configmaps or self.denied.get("configmaps"):
             return []
         wanted = [
             (ns, name)
@@ -298,6 +314,10 @@ class _Gathering:
             if kind == "configmap" and not name.startswith("kube-root-ca.crt")
         ][:_MAX_CONFIGMAPS]
         found = await asyncio.gather(*(self.reader.get("configmaps", ns, name) for ns, name in wanted))
+        if "configmaps" in self.reader.denied:
+            # Not granted (deploy/rbac.yaml grants no configmaps): asked once per process, not per question.
+            self.denied["configmaps"] = True
+            logger.info("kubernetes.read_configmaps is on but opsbot's Role grants no get on configmaps")
         return [o for o in found if o is not None]
 
     async def _storage(self, snapshot: Snapshot, pods: Sequence[Obj]) -> list[Obj]:

@@ -473,8 +473,9 @@ class KubernetesSettings(ConfigSection):
     """Read the ConfigMaps the pods in question reference (``env`` keys, ``envFrom``, volumes; one
     ``get`` each, at most 4) and show the referenced keys' values, redacted like every section: a
     wrong value in a ConfigMap (a database host, a feature flag) is often the whole incident and is
-    nowhere else. Needs ``get`` on ``configmaps`` in opsbot's Role (a 403 is noted, nothing else
-    changes). Secrets are never read whatever this says. ``false``: names and keys only."""
+    nowhere else. Needs ``get`` on ``configmaps`` in opsbot's Role, which ``deploy/rbac.yaml`` does not
+    grant: without it the first 403 stops the asking until restart and the section says why (no
+    failure). Secrets are never read whatever this says. ``false``: names and keys only."""
 
 
 class PrometheusSettings(ConfigSection):

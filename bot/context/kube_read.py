@@ -170,6 +170,26 @@ class KubeReader:
             return None
         return found
 
+    async def log_head(
+        self, namespace: str, pod: str, container: str, *, previous: bool, limit_bytes: int
+    ) -> str:
+        """The first ``limit_bytes`` of a container's log (no ``tailLines``: the API then answers from
+        the start); empty when it has none."""
+        self.log.queries.append(
+            f"log {namespace}/{pod}/{container}{' previous' if previous else ''} head {limit_bytes} bytes"
+        )
+        query: dict[str, str | int | bool] = {
+            "container": container,
+            "previous": previous,
+            "limitBytes": limit_bytes,
+        }
+        try:
+            return await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, accept="*/*")
+        except ApiException as exc:
+            if exc.status not in (400, 404):
+                self.log.errors.append(f"log {namespace}/{pod}/{container}: {api_error(exc)}")
+            return ""
+
     async def log_text(
         self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int, limit_bytes: int
     ) -> str:

@@ -325,9 +325,7 @@ def _services_selecting_nothing(g: Gathered) -> _Lines:
         line = f"service {ko.namespace(svc)}/{ko.name(svc)} selects {wanted}: no pod matches (no endpoints)"
         similar = [p for p in g.top if ko.name(svc) in names or ko.name(p).startswith(ko.name(svc))]
         if similar:
-            carried = ", ".join(
-                f"{k}={v}" for k, v in sorted(ko.labels(similar[0]).items()) if k in selector
-            )
+            carried = ", ".join(f"{k}={v}" for k, v in sorted(ko.labels(similar[0]).items()) if k in selector)
             line += f"; {ko.name(similar[0])} carries {carried or 'none of these labels'}"
         lines.append((line, DECISIVE if similar else ERROR))
     return lines[:_MAX_SELECTLESS]
@@ -436,7 +434,9 @@ def _sibling_diff(snapshot: Snapshot, ref: Ref, rank: int) -> _Lines:
     changes = ko.template_diff({"spec": ko.spec(broken)}, {"spec": ko.spec(healthy)})
     if not changes:
         # Worth saying: the cause is then not a rollout but the node, the data or a dependency.
-        return [(f"  {ko.name(broken)} (not healthy) has the same pod spec as {ko.name(healthy)} (healthy)", rank)]
+        return [
+            (f"  {ko.name(broken)} (not healthy) has the same pod spec as {ko.name(healthy)} (healthy)", rank)
+        ]
     what = f"  {ko.name(broken)} (not healthy) differs from {ko.name(healthy)} (healthy)"
     return [(f"{what}: " + "; ".join(changes), rank)]
 
@@ -477,7 +477,9 @@ def _configmap_lines(configmap: Obj, keys: set[str]) -> _Lines:
     data = {str(k): str(v) for k, v in (configmap.get("data") or {}).items()}
     binary = sorted(str(k) for k in configmap.get("binaryData") or {})
     wanted = sorted(keys) if keys else sorted(data)
-    header = f"configmap {ko.namespace(configmap)}/{ko.name(configmap)}: keys {', '.join(sorted(data)) or 'none'}"
+    header = (
+        f"configmap {ko.namespace(configmap)}/{ko.name(configmap)}: keys {', '.join(sorted(data)) or 'none'}"
+    )
     lines: _Lines = [(header + (f"; binary keys {', '.join(binary)}" if binary else ""), ERROR)]
     for key in wanted[:_MAX_CONFIG_KEYS]:
         if key in data:

@@ -60,6 +60,8 @@ _MAX_FOCUS_PODS = 5
 _MAX_HOP_LOG_PODS = 6
 _MAX_CONFIGMAPS = 4
 _MAX_QUIET_PODS = 4
+_MAX_HEAD_READS = 2
+_HEAD_BYTES = 64 * 1024
 _SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 _LOG_LIMIT_BYTES = 512 * 1024
 
@@ -290,7 +292,40 @@ class _Gathering:
         for stream, text in zip(wanted, texts, strict=False):
             stream.read = len(text.splitlines())
             stream.lines = condense(text, stream.ending)
+        await self._heads(wanted)
         return [s for s in wanted if s.lines]
+
+    async def _heads(self, streams: Sequence[LogStream]) -> None:
+        """A log cut by ``log_tail_lines`` whose tail shows no error: its start is read too (one call
+        each, the first few), since what broke at startup (a missing file, a refused certificate) is
+        logged once and then buried under a running container's routine lines. Only its error lines
+        are kept, before the tail's."""
+        tail = self.settings.log_tail_lines
+        cut = [s for s in streams if tail and s.read >= tail and not any(ln.rank <= ERROR for ln in s.lines)][
+            :_MAX_HEAD_READS
+        ]
+        texts = await asyncio.gather(
+            *(
+                self.reader.log_head(
+                    ko.namespace(s.pod),
+                    ko.name(s.pod),
+                    s.container,
+                    previous=s.previous,
+                    limit_bytes=_HEAD_BYTES,
+                )
+                for s in cut
+            )
+        )
+        for stream, text in zip(cut, texts, strict=True):
+            head = [ln for ln in condense(text) if ln.rank <= ERROR]
+            if head:
+                stream.lines = [
+                    *head,
+                    Line(
+                        f"... (errors from the start of the log above, its last {tail} lines below)", CONTEXT
+                    ),
+                    *stream.lines,
+                ]
 
     async def _endpoint_slices(self, plan: hops.Plan) -> list[Obj]:
         """The EndpointSlices of the Services the pods in question depend on (one call each)."""

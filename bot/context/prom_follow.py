@@ -187,13 +187,13 @@ UPSTREAM_ERRORS = (
     (
         "upstream 5xx (envoy)",
         "envoy_cluster_name",
-        'sum by (namespace, envoy_cluster_name) (rate(envoy_cluster_upstream_rq_xx{{{selector}, '
+        "sum by (namespace, envoy_cluster_name) (rate(envoy_cluster_upstream_rq_xx{{{selector}, "
         'envoy_response_code_class="5"}}[5m]))',
     ),
     (
         "upstream 5xx (istio)",
         "destination_service_name",
-        'sum by (namespace, destination_service_name) (rate(istio_requests_total{{{selector}, '
+        "sum by (namespace, destination_service_name) (rate(istio_requests_total{{{selector}, "
         'reporter="source", response_code=~"5.."}}[5m]))',
     ),
 )

@@ -113,7 +113,10 @@ async def test_configmap_values_are_redacted(ask):
         config_map(
             "orders-env",
             "shop",
-            data={"DB_HOST": "pg-main.data.svc", "DATABASE_URL": "postgres://orders:Xk9-pLm2-Qr7z@pg-main/orders"},
+            data={
+                "DB_HOST": "pg-main.data.svc",
+                "DATABASE_URL": "postgres://orders:Xk9-pLm2-Qr7z@pg-main/orders",
+            },
         )
     ]
     await server.start()
@@ -130,7 +133,10 @@ async def test_configmap_values_are_redacted(ask):
 async def test_with_read_configmaps_off_no_configmap_is_asked_for(ask):
     result, server, _ = await ask("ho-configmap-db-host", read_configmaps=False)
     body = _section(result, "ConfigMaps the pods reference").body
-    assert "configmap shop/orders-env: all keys (mounted or envFrom) (values not read: kubernetes.read_configmaps is off)" in body
+    assert (
+        "configmap shop/orders-env: all keys (mounted or envFrom) "
+        "(values not read: kubernetes.read_configmaps is off)" in body
+    )
     assert "pg-replica.data.svc" not in body
     assert not any("configmaps" in r or "secrets" in r for r in server.requests)
 
@@ -148,9 +154,10 @@ async def test_a_role_without_configmaps_is_asked_once_and_is_no_failure(ask):
     finally:
         await server.stop()
     assert first.error is None and second.error is None
-    assert "(values not read: opsbot's Role grants no get on configmaps)" in _section(
-        second, "ConfigMaps the pods reference"
-    ).body
+    assert (
+        "(values not read: opsbot's Role grants no get on configmaps)"
+        in _section(second, "ConfigMaps the pods reference").body
+    )
     assert sum("configmaps" in r for r in server.requests) == 1
 
 
@@ -161,7 +168,9 @@ async def test_a_service_whose_selector_matches_no_pod_is_decisive_with_the_labe
     result, _, _ = await ask("ho-svc-selector-mismatch")
     lines = _ranked(_section(result, "Dependencies"))
     line = next(line for line in lines if line.startswith("service billing/billing selects"))
-    assert line.startswith("service billing/billing selects app=billing-api: no pod matches (no endpoints); billing-")
+    assert line.startswith(
+        "service billing/billing selects app=billing-api: no pod matches (no endpoints); billing-"
+    )
     assert line.endswith("carries app=billing")
     assert lines[line] == 0
 
@@ -175,8 +184,9 @@ async def test_a_statefulsets_broken_pod_is_compared_with_a_healthy_one(ask):
     result, _, _ = await ask("ho-sts-rollout-limit")
     body = _section(result, "Workloads").body
     assert (
-        "  kafka-2 (not healthy) differs from kafka-0 (healthy): kafka image: registry.example.com/kafka:3.7.0 -> "
-        "registry.example.com/kafka:3.7.1; kafka memory limit: 4Gi -> 1Gi; kafka memory request: 4Gi -> 1Gi"
+        "  kafka-2 (not healthy) differs from kafka-0 (healthy): kafka image: "
+        "registry.example.com/kafka:3.7.0 -> registry.example.com/kafka:3.7.1; "
+        "kafka memory limit: 4Gi -> 1Gi; kafka memory request: 4Gi -> 1Gi"
     ) in body
 
 

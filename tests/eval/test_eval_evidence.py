@@ -128,7 +128,11 @@ def test_every_held_out_cases_decisive_facts_reach_a_default_4096_token_prompt(
     report = json.loads((out / "report.json").read_text())
     missed = {c["id"]: c["evidence"] for c in report["cases"] if not c["evidence_recalled"]}
     assert missed == {}
-    assert report["totals"]["evidence_recall"] == {"hits": 24, "of": 24} == {
-        "hits": len(load_cases([heldout])),
-        "of": len(report["cases"]),
-    }
+    assert (
+        report["totals"]["evidence_recall"]
+        == {"hits": 24, "of": 24}
+        == {
+            "hits": len(load_cases([heldout])),
+            "of": len(report["cases"]),
+        }
+    )

@@ -259,3 +259,35 @@ async def test_a_failing_service_gets_its_proxies_5xx_by_upstream(ratio, asked):
     else:
         # Below 1% errors: no extra queries.
         assert upstream == [] and "upstream" not in body
+
+
+# -- a startup error older than the log tail ------------------------------------------------------
+
+
+def _buried(server: KubernetesSnapshotServer, lines_after: int) -> None:
+    """The notifier's log: one startup error, then ``lines_after`` routine lines."""
+    key = next(k for k in server.logs if k[1].startswith("notifier-"))
+    server.logs[key] = (
+        "2026-12-05T08:00:00Z INFO starting notifier\n"
+        "2026-12-05T08:00:01Z ERROR cannot load CA bundle /etc/ssl/partner-ca.pem: "
+        "no such file or directory\n"
+        + "".join(f"2026-12-05T09:00:00Z INFO delivered=0 batch={i}\n" for i in range(lines_after))
+    )
+
+
+@pytest.mark.parametrize("lines_after, head_read", [(2600, True), (100, False)])
+async def test_a_startup_error_older_than_the_tail_is_read_from_the_logs_start(ask, lines_after, head_read):
+    server = CASES["ho-cert-expired-running"].kubernetes_server()
+    assert server is not None
+    _buried(server, lines_after)
+    await server.start()
+    try:
+        result, _, provider = await ask("ho-cert-expired-running", "notifier sends nothing", server=server)
+        await provider.close()
+    finally:
+        await server.stop()
+    log = _section(result, "Log of integrations/notifier-")
+    assert any("partner-ca.pem: no such file or directory" in line for line in log.lines())
+    heads = [r for r in server.requests if "/log?" in r and "limitBytes" in r and "tailLines" not in r]
+    # Only a cut log without an error in its tail costs the second call.
+    assert len(heads) == (1 if head_read else 0)

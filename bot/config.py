@@ -473,7 +473,7 @@ class KubernetesSettings(ConfigSection):
     """Read the ConfigMaps the pods in question reference (``env`` keys, ``envFrom``, volumes; one
     ``get`` each, at most 4) and show the referenced keys' values, redacted like every section: a
     wrong value in a ConfigMap (a database host, a feature flag) is often the whole incident and is
-    nowhere else. Needs ``get`` on ``configmaps`` in opsbot's Role, which ``deploy/rbac.yaml`` does not
+    nowhere else. Needs ``get`` on ``configmaps`` in opsbot's Role, which ``deploy/base/rbac.yaml`` does not
     grant: without it the first 403 stops the asking until restart and the section says why (no
     failure). Secrets are never read whatever this says. ``false``: names and keys only."""
 

@@ -18,7 +18,7 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/rbac.yaml``); Secrets are never read, ConfigMaps only those the pods in
+are made (see ``deploy/base/rbac.yaml``); Secrets are never read, ConfigMaps only those the pods in
 question reference, with ``kubernetes.read_configmaps`` (their values redacted).
 """
 
@@ -350,7 +350,7 @@ class _Gathering:
         ][:_MAX_CONFIGMAPS]
         found = await asyncio.gather(*(self.reader.get("configmaps", ns, name) for ns, name in wanted))
         if "configmaps" in self.reader.denied:
-            # Not granted (deploy/rbac.yaml grants no configmaps): asked once per process, not per question.
+            # Not granted (deploy/base/rbac.yaml grants none): asked once per process, not per question.
             self.denied["configmaps"] = True
             logger.info("kubernetes.read_configmaps is on but opsbot's Role grants no get on configmaps")
         return [o for o in found if o is not None]

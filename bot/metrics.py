@@ -170,6 +170,11 @@ CHAT_API_RETRIES = Counter(
 REPLIES_FAILED = Counter(
     "opsbot_replies_failed_total", "Replies that could not be posted after retries", ["platform"]
 )
+ACTION_EVENTS = Counter(
+    "opsbot_action_events_total",
+    "Action events (bot.actions: proposed, refused, approved, rejected, applied, failed, verified)",
+    ["platform", "event"],
+)
 RATE_BUDGET_PROBLEMS = Counter(
     "opsbot_rate_budget_problems_total",
     "Broken rate-budget rules, each a bug (kind: wait_while_holding, stalled; bot.adapters.ratelimit)",
@@ -231,3 +236,27 @@ def count_request(platform: str, scenario: str, lane: str, status: str) -> None:
 def count_chat_call(platform: str, method: str, outcome: str) -> None:
     """Count one chat API call attempt in ``opsbot_chat_api_calls_total``."""
     _count(CHAT_API_CALLS, (platform, method, outcome), CHAT_OUTCOMES)
+
+
+TOOL_CALLS = Counter(
+    "opsbot_tool_calls_total",
+    "Tool calls of investigations, by tool and outcome (ok, error, timeout, repeated, unknown)",
+    ("tool", "status"),
+)
+INVESTIGATION_STEPS = Histogram(
+    "opsbot_investigation_steps",
+    "Model steps per investigation (tool decisions and the answer)",
+    ("scenario", "lane"),
+    buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20),
+)
+STEP_TTFT = Histogram(
+    "opsbot_investigation_step_ttft_seconds",
+    "Time to first token of each investigation step (the step's prompt extends the last: a prefix-cache hit)",
+    ("scenario", "lane"),
+    buckets=LATENCY_BUCKETS,
+)
+STEP_CACHED_FRACTION = Histogram(
+    "opsbot_investigation_step_cached_prompt_fraction",
+    "Cached prompt tokens of an investigation step over the previous step's prompt tokens",
+    buckets=(0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0),
+)

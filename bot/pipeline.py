@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.answer_clean import clean_answer, with_fence_stops
 from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -41,13 +44,22 @@ from bot.context.scope import ChannelRef
 from bot.context.thread import thread_context, thread_failed
 from bot.errors import AnswerStalled, PlatformError
 from bot.postmortem import DraftProgress
-from bot.progress import AnswerWatch
+from bot.progress import AnswerWatch, waiting_for_engine
 from bot.prompts import WHOLE_THREAD_SCENARIOS, PromptBuilder, PromptPlan
 from bot.redact import count_secrets, redact
 from bot.routing import lane_table_markdown, pick_lane, pick_scenario
 from bot.store import RequestRecord, Store, ThreadMessage
-from bot.store.records import Claim, percentile
-from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead, clean_text
+from bot.store.records import Claim, StepRecord, percentile
+from bot.types import (
+    FinalAnswer,
+    IncomingMessage,
+    MessageKind,
+    StepUpdate,
+    ThreadPost,
+    ThreadRead,
+    clean_text,
+    steps_text,
+)
 from bot.urgency import UrgentFirst, UrgentHold
 from inference.context import request_scope
 from inference.engine import (
@@ -68,7 +80,9 @@ from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
+    from bot.actions.service import ActionService
     from bot.context.gatherer import ContextGatherer
+    from bot.investigate import Investigation, Investigator
     from bot.slo import SloGuard
 
 logger = logging.getLogger(__name__)
@@ -104,7 +118,16 @@ STALLED_TEXT = (
     ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
 )
+EMPTY_ANSWER_TEXT = (
+    ":warning: {model} gave no answer: it only copied the prompt's markup back. A larger model "
+    "answers (engine.model; the README recommends one per machine)."
+)
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
+ACTIONS_OFF_TEXT = (
+    ":no_entry: Actions are turned off for this opsbot (`[actions] enabled`); nothing was proposed."
+)
+_PROPOSE = re.compile(r"^\s*propose\b\s*", re.IGNORECASE)
+"""``propose ...`` (a command's words, or a mention's): a proposed action, not a question."""
 FAILURE_NOTE_WAIT_S = 10.0
 """Seconds the note about a stalled or undelivered answer may take (the platform may be what failed)."""
 
@@ -127,6 +150,8 @@ class Pipeline:
         model_names: Mapping[str, str] | None = None,
         urgent_first: UrgentFirst | None = None,
         answer: AnswerSettings | None = None,
+        investigator: Investigator | None = None,
+        actions: ActionService | None = None,
     ) -> None:
         self.engine = engine
         self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
@@ -149,6 +174,10 @@ class Pipeline:
         """Urgent answers first on this event loop, before the engine (``bot.urgency``)."""
         self.answer = answer or AnswerSettings()
         """Answers in flight (``[answer]``: the watchdog)."""
+        self.investigator = investigator
+        """The investigation loop (``[investigate]``: tool calls after the context); ``None``: off."""
+        self.actions = actions
+        """Approval-gated actions (``[actions]``): ``propose ...`` makes a card (``None``: off)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -243,6 +272,9 @@ class Pipeline:
                 return
             if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
                 return
+            if _PROPOSE.match(message.text) and message.kind is not MessageKind.ALERT:
+                await self._propose(message, adapter)
+                return
             if message.kind in _ASKED and message.text.strip().lower() == "status":
                 # "@opsbot status": answered in the thread, where whoever asked is looking
                 await adapter.send_notice(message, await self.status_text())
@@ -286,12 +318,43 @@ class Pipeline:
             return True
         return False
 
+    async def _propose(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
+        """``propose <action>``: a card with the action's dry run, for a person to approve (never
+        applied here). The reply (usage, a refusal, where the card is) only the asker sees."""
+        if self.actions is None:
+            await adapter.send_notice(message, ACTIONS_OFF_TEXT, ephemeral=True)
+            return
+        from bot.actions.catalog import ActionError, parse_command
+        from bot.actions.service import ThreadRef
+
+        words = _PROPOSE.sub("", message.text, count=1)
+        try:
+            spec = parse_command(words)
+        except ActionError as exc:
+            await adapter.send_notice(message, f":grey_question: {exc}", ephemeral=True)
+            return
+        thread = None if message.kind is MessageKind.COMMAND else (message.thread_id or message.message_id)
+        evidence = [f"asked for by {message.user_name or message.user}: `propose {words.strip()}`"]
+        proposal = await self.actions.propose(
+            spec, evidence, ThreadRef(message.platform, message.channel, thread, message.user)
+        )
+        if proposal.refused is not None:
+            await adapter.send_notice(message, proposal.refused, ephemeral=True)
+        else:
+            await adapter.send_notice(
+                message,
+                f":clipboard: Proposed *{spec.describe()}*: the card waits for approval.",
+                ephemeral=True,
+            )
+
     def help_text(self) -> str:
         """Usage of ``/rca`` and of mentions, with the lane table, for ``/rca help``."""
         return (
             "*opsbot* — incident assistant (reads the cluster, never changes it)\n"
             "• `/rca <question, alert, pod or service>` — root-cause analysis in a new thread\n"
             "• `/rca status` — model, queue per lane, KV-cache use, TTFT of the last hour\n"
+            "• `/rca propose restart deployment/NAME -n NS` (also rollback, scale, delete pod, cordon, "
+            "uncordon, silence, expire) — a card with the dry run; a person approves, opsbot applies\n"
             "• `/rca help` — this message\n"
             "• @-mention me with a question, or DM me; reply in my threads to follow up "
             "without mentioning me again\n"
@@ -405,8 +468,11 @@ class Pipeline:
         # first thing the asker sees). Only the first words wait for the placeholder; the engine
         # does not (bench/e2e_bench.py measures event -> engine submit).
         early: asyncio.Task[_Prepared] | None = None
+        steps = StepRelay()  # an investigation's steps, shown once the reply exists
         if not in_thread:  # nothing before the engine depends on the reply's thread yet
-            early = asyncio.create_task(self._prepare(message, "", scenario, lane, record, adapter, None))
+            early = asyncio.create_task(
+                self._prepare(message, "", scenario, lane, record, adapter, None, steps)
+            )
         prepared: _Prepared | None = None
         try:
             async with AnswerWatch(self.answer.stall_s):
@@ -425,6 +491,7 @@ class Pipeline:
                         )
                     return
                 record.thread_id = reply.thread_id
+                await steps.attach(reply)
                 # From now on messages in the reply's thread are follow-ups, on every worker.
                 moved = reply.thread_id != _claimed_thread(message)  # a /rca starts its own thread
                 self.store.mark_replied(
@@ -436,12 +503,16 @@ class Pipeline:
                     since=message.posted_at,
                 )
                 if early is not None:
-                    prepared = await early
+                    # Gathering and the investigation's steps are bounded by their own deadlines
+                    # (context.timeout_s, the lane's wall_s): their time is not a stall.
+                    with waiting_for_engine():
+                        prepared = await early
                 else:  # asked in a thread: read back without the placeholder just posted there
                     own = tuple(reply.posted_ids())
-                    prepared = await self._prepare(
-                        message, reply.thread_id, scenario, lane, record, adapter, own
-                    )
+                    with waiting_for_engine():
+                        prepared = await self._prepare(
+                            message, reply.thread_id, scenario, lane, record, adapter, own, steps
+                        )
                 await self._answer_into(message, reply, scenario, record, adapter, prepared, hold)
         except AnswerStalled as exc:
             await self._stalled(message, adapter, reply, record, exc)
@@ -495,16 +566,23 @@ class Pipeline:
         record: RequestRecord,
         adapter: ChatAdapter,
         own: Sequence[str] | None,
+        steps: StepRelay | None = None,
     ) -> _Prepared:
         """Everything before the first word: thread history and cluster context (:meth:`_gather`),
         the prompt, and the request submitted to the scenario's engine (its events buffered in a
         :class:`_StartedStream` until the reply reads them)."""
-        sampling = self.scenarios.get(scenario)
+        sampling = with_fence_stops(self.scenarios.get(scenario))
         engine_name, engine = self.engines.engine_for(scenario)
         prompts = self.prompts_by_engine.get(engine_name, self.prompts)
         history, bundle, context_ms = await self._gather(message, thread_id, scenario, lane, adapter, own)
-        prepared = _Prepared(history=history, bundle=bundle, context_ms=context_ms, prompts=prompts)
+        prepared = _Prepared(
+            history=history, bundle=bundle, context_ms=context_ms, prompts=prompts, steps=steps
+        )
         await self.urgent_first.step_aside(lane)  # the prompt's tokenization is CPU work
+        investigator = self.investigator
+        loop_on = investigator is not None and investigator.budget(scenario, lane) is not None
+        # With the loop on, step 0 leaves the window room for the steps' calls and outputs.
+        reserve = investigator.reserve(scenario, lane) if investigator is not None and loop_on else 0
         try:
             plan = prompts.build(
                 scenario=scenario,
@@ -512,15 +590,33 @@ class Pipeline:
                 asker=message.user_name or message.user,
                 history=history,
                 context=bundle,
-                max_tokens=sampling.max_tokens,
+                max_tokens=sampling.max_tokens + reserve,
             )
         except (EngineGenerateError, EngineDeadError) as exc:
             # The model server's own tokenizer (engine.backend = "openai") fails like the engine.
             prepared.error = _engine_failure(exc, record)
             logger.warning("%s", record.error)
             return prepared
-        record.prompt_tokens = plan.prompt_tokens
         prepared.plan = plan
+        messages, token_ids = plan.messages, plan.token_ids
+        if investigator is not None and loop_on:
+            found = await investigator.run(
+                engine=engine,
+                tokenizer=prompts.tokenizer,
+                request_id=message.request_id,
+                scenario=scenario,
+                lane=lane,
+                sampling=sampling,
+                messages=plan.messages,
+                window=prompts.max_model_len,
+                bundle=bundle,
+                history=history,
+                on_step=steps,
+            )
+            if found is not None:
+                prepared.investigation = found
+                messages, token_ids = found.messages, found.token_ids
+        record.prompt_tokens = len(token_ids)
         prepared.events = _StartedStream(
             engine.generate(
                 GenerationRequest(
@@ -528,8 +624,8 @@ class Pipeline:
                     scenario=scenario,
                     lane=lane,
                     sampling=sampling,
-                    prompt_token_ids=plan.token_ids,
-                    messages=plan.messages,  # for a remote server that takes chat messages, not ids
+                    prompt_token_ids=token_ids,
+                    messages=messages,  # for a remote server that takes chat messages, not ids
                 )
             )
         )
@@ -563,11 +659,25 @@ class Pipeline:
         if prepared.events is not None:
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
+            checklist = steps_text(prepared.steps.updates) if prepared.steps is not None else ""
             text, result, error = await self._generate(
-                message.request_id, prepared.events, stream, record, sources, hold
+                message.request_id,
+                prepared.events,
+                stream,
+                record,
+                sources,
+                hold,
+                prefix=checklist + "\n\n" if checklist and reply.steps_in_text else "",
             )
         await sources
+        if error is None and result is not None and result.output_tokens and not text.strip():
+            # Nothing left once fence markup is removed (a small model copying its prompt): say so,
+            # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
+            error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
+            record.error = "the answer was empty once fence markup was removed"
         shown = text
+        if prepared.investigation is not None:
+            shown = await self._conclude_investigation(message, record, prepared, text, result, error)
         if scenario == POSTMORTEM and error is None and text:
             shown = await postmortem.deliver(
                 adapter, message.channel, reply.thread_id, text, message.channel_name
@@ -608,6 +718,60 @@ class Pipeline:
         if error is None:
             # The whole answer (a postmortem's draft, not the note about its file) is the turn.
             await self.store.append_message(*thread, "assistant", text, request_id=message.request_id)
+
+    async def _conclude_investigation(
+        self,
+        message: IncomingMessage,
+        record: RequestRecord,
+        prepared: _Prepared,
+        text: str,
+        result: GenerationResult | None,
+        error: str | None,
+    ) -> str:
+        """An investigation's answer: its step recorded, the root-cause block written (one more
+        constrained step) and stored with the row, and the answer shown with its citation line
+        and the steps it cites. Returns the text to show."""
+        from bot.investigate import citation_line, observe
+
+        found = prepared.investigation
+        assert found is not None and self.investigator is not None
+        lane = Lane(record.lane)
+        answer = StepRecord(
+            index=len(found.calls) + 1, kind="answer", status="ok" if error is None else "error"
+        )
+        if result is not None:
+            answer.prompt_tokens, answer.cached_tokens = result.prompt_tokens, result.cached_tokens
+            answer.output_tokens, answer.ttft_ms = result.output_tokens, result.ttft_ms
+            if result.ttft_ms is not None:
+                answer.decode_ms = max(0.0, result.e2e_ms - result.ttft_ms)
+        found.steps.append(answer)
+        shown = text
+        if error is None and text:
+            _, engine = self.engines.engine_for(record.scenario)
+            block = await self.investigator.root_cause(
+                engine=engine,
+                investigation=found,
+                answer=text,
+                request_id=message.request_id,
+                lane=lane,
+                sampling=self.scenarios.get(record.scenario),
+            )
+            legend = [
+                u.line() for u in (prepared.steps.updates if prepared.steps else []) if u.state != "pending"
+            ]
+            tail = []
+            if block is not None:
+                record.root_cause = redact(json.dumps(block, sort_keys=True), where="store")
+                tail.append(citation_line(block))
+            if legend:
+                tail.append("Steps: [0] gathered context · " + " · ".join(_legend(legend)))
+            if tail:
+                shown = text + "\n\n" + redact("\n".join(tail))
+        record.steps = found.steps
+        if record.replay_inputs is not None:  # `opsbot feedback export` replays the calls too
+            record.replay_inputs = replay.with_investigation(record.replay_inputs, found.replay_record())
+        observe(found, record.scenario, lane)
+        return shown
 
     async def _gather(
         self,
@@ -651,6 +815,11 @@ class Pipeline:
             context_ms = (time.perf_counter() - t0) * 1000
             metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
+        # Turns stored before answers were cleaned may hold fence markup: never replay it.
+        history = [
+            replace(turn, content=clean_answer(turn.content)) if turn.role == "assistant" else turn
+            for turn in history
+        ]
         read = await thread_task if thread_task else None
         if read is not None:
             await self.urgent_first.step_aside(lane)  # the thread's posts are parsed and redacted
@@ -729,6 +898,7 @@ class Pipeline:
         record: RequestRecord,
         before_text: asyncio.Future[None] | None = None,
         hold: UrgentHold | None = None,
+        prefix: str = "",
     ) -> tuple[str, GenerationResult | None, str | None]:
         """Run the engine's stream (already submitted by :meth:`_prepare`) into ``reply``; returns
         (text, result, user-facing error).
@@ -764,7 +934,7 @@ class Pipeline:
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(count_secrets(text)[0])
+                        await reply.update(prefix + count_secrets(clean_answer(text))[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):
@@ -784,9 +954,10 @@ class Pipeline:
             record.queue_ms = result.queue_ms
             record.ttft_ms = result.ttft_ms
             record.tpot_ms = result.tpot_ms
-        # One text for the thread, the postmortem file and the stored turn: what no store or
-        # platform takes (NUL, lone surrogates: a random model emits them) is replaced here once.
-        return clean_text(redact(text)), result, error
+        # One text for the thread, the postmortem file and the stored turn: fence markup the stops
+        # missed is removed, and what no store or platform takes (NUL, lone surrogates: a random
+        # model emits them) is replaced, here once.
+        return clean_text(redact(clean_answer(text))), result, error
 
     async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
         if record.e2e_ms is None:  # ended before an answer was complete: time to the failure
@@ -818,6 +989,15 @@ class Pipeline:
             elif record.status in ("timeout", "overloaded") and record.e2e_ms is not None:
                 # No first token at all: the wait the asker had is a lower bound of its TTFT.
                 self.slo.observe(record.lane, record.e2e_ms / 1000)
+
+
+def _legend(lines: Sequence[str]) -> list[str]:
+    """Checklist lines shortened for the answer's legend (the mark and the detail left out)."""
+    out = []
+    for line in lines:
+        body = line.split(" ", 1)[1] if " " in line else line
+        out.append(body.split(" — ", 1)[0])
+    return out
 
 
 def _lanes_text(stats: EngineStats) -> str:
@@ -904,6 +1084,30 @@ class _Prepared:
     plan: PromptPlan | None = None
     events: _StartedStream | None = None
     error: str | None = None
+    investigation: Investigation | None = None
+    """The loop's transcript and steps (``None``: answered from step 0 alone)."""
+    steps: StepRelay | None = None
+
+
+class StepRelay:
+    """Live step updates of an investigation: kept until the reply exists (the loop may start while
+    the placeholder is being posted), then shown on it as they come (:meth:`ReplyStream.show_step`)."""
+
+    def __init__(self) -> None:
+        self.updates: list[StepUpdate] = []
+        self._reply: ReplyStream | None = None
+
+    async def __call__(self, update: StepUpdate) -> None:
+        """Keep ``update`` and show it when the reply is there."""
+        self.updates.append(update)
+        if self._reply is not None:
+            await self._reply.show_step(update, steps_text(self.updates))
+
+    async def attach(self, reply: ReplyStream) -> None:
+        """The reply is open: show what was kept, then every update as it comes."""
+        self._reply = reply
+        if self.updates:
+            await reply.show_step(self.updates[-1], steps_text(self.updates))
 
 
 class _StartedStream:

@@ -144,3 +144,11 @@ def decode(text: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
         raise ValueError(f"replay inputs of an unknown format (version {data.get('version')!r})")
     return data
+
+
+def with_investigation(text: str, recording: dict[str, Any]) -> str:
+    """``text`` (replay inputs) with an investigation's offered tools and recorded call outputs
+    (already redacted; :meth:`bot.investigate.Investigation.replay_record`) added."""
+    data = decode(text)
+    data["investigation"] = recording
+    return json.dumps(data, ensure_ascii=False)

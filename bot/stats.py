@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from bot.store import RequestRecord
+from bot.store import RequestRecord, StepRecord
 from bot.store.records import Percentiles, percentile, percentiles
 
 DIMENSIONS = ("scenario", "lane", "platform", "channel", "model", "engine")
@@ -107,6 +107,71 @@ class Report:
     groups: list[GroupStats]
     total: GroupStats
     histogram: list[HistogramBin] = field(default_factory=list)
+    investigations: InvestigationStats | None = None
+    """The investigation loop's steps in the window (``None``: no investigation ran)."""
+
+
+@dataclass
+class ToolStats:
+    """One tool's calls in the window."""
+
+    tool: str
+    calls: int
+    failed: int
+    """Calls whose result was not ``ok`` (refused out of scope, not found, timeout, repeated)."""
+    latency_ms: Percentiles
+    output_tokens: int
+
+
+@dataclass
+class InvestigationStats:
+    """The investigations of the window, from their step rows."""
+
+    investigations: int
+    steps: int
+    calls_unparsed: int
+    step_ttft_ms: Percentiles
+    decode_ms: Percentiles
+    cached_of_previous_mean: float | None
+    """Mean over steps 2.. of cached prompt tokens / the previous step's prompt tokens (0-1)."""
+    cached_of_previous_min: float | None
+    tools: list[ToolStats] = field(default_factory=list)
+
+
+def investigation_stats(steps: Sequence[StepRecord]) -> InvestigationStats | None:
+    """Per investigation and per tool, from ``steps`` (ordered by request, then step)."""
+    if not steps:
+        return None
+    fractions: list[float] = []
+    previous: dict[str, int] = {}
+    for step in steps:
+        before = previous.get(step.request_id)
+        if before:
+            fractions.append(step.cached_tokens / before)
+        previous[step.request_id] = step.prompt_tokens or before or 0
+    by_tool: dict[str, list[StepRecord]] = {}
+    for step in steps:
+        if step.kind == "call" and step.tool and step.status not in ("final", "unparsed"):
+            by_tool.setdefault(step.tool, []).append(step)
+    return InvestigationStats(
+        investigations=len(previous),
+        steps=len(steps),
+        calls_unparsed=sum(1 for s in steps if s.status == "unparsed"),
+        step_ttft_ms=percentiles([s.ttft_ms for s in steps if s.ttft_ms is not None]),
+        decode_ms=percentiles([s.decode_ms for s in steps if s.decode_ms is not None]),
+        cached_of_previous_mean=sum(fractions) / len(fractions) if fractions else None,
+        cached_of_previous_min=min(fractions) if fractions else None,
+        tools=[
+            ToolStats(
+                tool=name,
+                calls=len(calls),
+                failed=sum(1 for c in calls if c.status != "ok"),
+                latency_ms=percentiles([c.tool_ms for c in calls if c.tool_ms is not None]),
+                output_tokens=sum(c.tool_tokens for c in calls),
+            )
+            for name, calls in sorted(by_tool.items())
+        ],
+    )
 
 
 def group_stats(records: Iterable[RequestRecord], by: Sequence[str]) -> list[GroupStats]:
@@ -169,9 +234,14 @@ def ttft_histogram(records: Iterable[RequestRecord]) -> list[HistogramBin]:
 
 
 def build_report(
-    records: Sequence[RequestRecord], since: datetime, until: datetime, by: Sequence[str]
+    records: Sequence[RequestRecord],
+    since: datetime,
+    until: datetime,
+    by: Sequence[str],
+    steps: Sequence[StepRecord] = (),
 ) -> Report:
-    """Everything ``opsbot stats`` prints, from the window's rows."""
+    """Everything ``opsbot stats`` prints, from the window's rows (``steps``: its investigations'
+    step rows)."""
     return Report(
         since=since,
         until=until,
@@ -179,6 +249,7 @@ def build_report(
         groups=group_stats(records, by),
         total=summarise(records),
         histogram=ttft_histogram(records),
+        investigations=investigation_stats(steps),
     )
 
 
@@ -304,7 +375,33 @@ def render_text(report: Report, width: int = WIDTH) -> str:
             head = label if i == 0 else ""
             lines.append(f"{head:<{label_width}}{title:<12}{_ms(p.p50):>11}{_ms(p.p90):>11}{_ms(p.p99):>11}")
     lines += ["", *render_histogram(report.histogram, width)]
+    if report.investigations is not None:
+        lines += ["", *render_investigations(report.investigations, width)]
     return "\n".join(lines)
+
+
+def render_investigations(inv: InvestigationStats, width: int = WIDTH) -> list[str]:
+    """The investigations section: steps, step TTFT, prefix-cache reuse per step, calls per tool."""
+    lines = [
+        _fit(
+            f"investigations: {inv.investigations}, {inv.steps} model steps, "
+            f"{inv.calls_unparsed} unparsed calls",
+            width,
+        ),
+        _fit(f"step TTFT p50 / p99: {_ms(inv.step_ttft_ms.p50)} / {_ms(inv.step_ttft_ms.p99)} ms", width),
+        _fit(
+            f"cached prompt tokens / previous step's prompt: mean {_pct(inv.cached_of_previous_mean)} %, "
+            f"min {_pct(inv.cached_of_previous_min)} %",
+            width,
+        ),
+        f"{'tool':<20}{'calls':>8}{'failed':>8}{'p50 ms':>11}{'p99 ms':>11}{'out tokens':>12}",
+    ]
+    for tool in inv.tools:
+        lines.append(
+            f"{_fit(tool.tool, 19):<20}{tool.calls:>8}{tool.failed:>8}{_ms(tool.latency_ms.p50):>11}"
+            f"{_ms(tool.latency_ms.p99):>11}{tool.output_tokens:>12}"
+        )
+    return lines
 
 
 def _label(group: GroupStats, by: Sequence[str]) -> str:
@@ -339,6 +436,7 @@ def render_json(report: Report) -> dict[str, object]:
         "ttft_histogram": [
             {"low_ms": b.low_ms, "high_ms": b.high_ms, "count": b.count} for b in report.histogram
         ],
+        "investigations": asdict(report.investigations) if report.investigations is not None else None,
     }
 
 

@@ -7,6 +7,7 @@ import enum
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -140,6 +141,33 @@ class FinalAnswer:
     """Whether to offer 👍 / 👎 buttons."""
     scope: str | None = None
     """The cluster(s) and namespaces the answer read (``cluster eu-west, namespaces payments``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepUpdate:
+    """One investigation step as a reply shows it live (:mod:`bot.investigate`): ``pending`` when
+    its tool is called, then ``done`` or ``failed`` with a one-line result and its source."""
+
+    index: int
+    state: str
+    title: str
+    detail: str = ""
+    source: str = ""
+
+    def line(self) -> str:
+        """``✅ [2] kube_logs namespace=shop pod=api-1 — 40 log lines (Kubernetes default)``."""
+        mark = {"pending": "⏳", "done": "✅", "failed": "⚠️"}.get(self.state, "•")
+        tail = f" — {self.detail}" if self.detail and self.state != "pending" else ""
+        source = f" ({self.source})" if self.source and self.state == "done" else ""
+        return f"{mark} [{self.index}] `{self.title}`{tail}{source}"
+
+
+def steps_text(steps: Sequence[StepUpdate]) -> str:
+    """The checklist of an investigation's steps so far (the newest state of each), one line each."""
+    newest: dict[int, StepUpdate] = {}
+    for step in steps:
+        newest[step.index] = step
+    return "\n".join(newest[i].line() for i in sorted(newest))
 
 
 @dataclass(frozen=True, slots=True)

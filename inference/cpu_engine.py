@@ -533,6 +533,12 @@ class CpuEngine(Engine):
         assert self._tokenizer is not None and req.started is not None
         model, tok, request = self._model, self._tokenizer, req.request
         sampling = request.sampling
+        if sampling.json_schema is not None:
+            # No grammar sampler here: a schema would be a promise this engine cannot keep.
+            raise EngineGenerateError(
+                "constrained decoding (an output schema, tool calls) needs engine.backend = "
+                "'llamacpp', 'vllm' or 'openai'; the transformers CPU engine decodes free text only"
+            )
         if request.prompt_token_ids is not None:
             prompt = [int(t) for t in request.prompt_token_ids]
         else:

@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ class SamplingSettings:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     """Benchmarks only: keep generating past end-of-sequence to get fixed-length outputs."""
+    json_schema: str | None = None
+    """JSON text of a JSON Schema the output must match (constrained decoding: a llama.cpp grammar,
+    vLLM structured outputs, a server's ``response_format``); ``None``: free text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,19 @@ class ChatMessage:
 
     role: str
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool a request may call: its name, what it does, and the JSON Schema of its arguments.
+
+    A request with tools answers with one call in the shape :mod:`inference.tool_calls` defines
+    (``{"name": ..., "arguments": {...}}``), whatever the backend: llama.cpp and vLLM decode it under
+    that schema, a remote server is given the tools through its ``tools`` parameter."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
 
 
 @dataclass(slots=True)
@@ -87,6 +104,8 @@ class GenerationRequest:
     prompt_token_ids: Sequence[int] | None = None
     prompt_tokens_estimate: int | None = None
     """Prompt size used by admission control when token ids are not given."""
+    tools: Sequence[ToolSpec] = ()
+    """Tools this step may call (the output is then one call, :mod:`inference.tool_calls`)."""
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt_token_ids is None:

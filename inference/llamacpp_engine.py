@@ -58,6 +58,10 @@ _FILE_TYPES = {
 }  # fmt: skip
 
 
+_MAX_GRAMMARS = 64
+"""Converted output schemas kept (one per tool set and scenario in practice)."""
+
+
 def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
@@ -268,6 +272,8 @@ class LlamaCppEngine(CpuEngine):
         self._quantization: str | None = None
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
+        self._grammars: dict[str, Any] = {}
+        """Output schema (JSON text) -> its ``LlamaGrammar`` (see :meth:`_grammar`)."""
 
     # --- loading ---------------------------------------------------------------------------------
 
@@ -404,6 +410,27 @@ class LlamaCppEngine(CpuEngine):
         slot.llama._ctx.set_n_threads(threads, threads)
         return slot
 
+    def _grammar(self, llama_cpp: Any, json_schema: str | None) -> Any:
+        """The llama.cpp grammar of ``json_schema`` (``None``: free text). Converting a schema to GBNF
+        is Python work of a few ms: each schema is converted once (an investigation's steps share
+        one), and the grammar text is only read by each request's own sampler."""
+        if json_schema is None:
+            return None
+        with self._lock:
+            grammar = self._grammars.get(json_schema)
+        if grammar is None:
+            try:
+                grammar = llama_cpp.LlamaGrammar.from_json_schema(json_schema, verbose=False)
+            except Exception as exc:  # the converter raises plain exceptions for schemas it cannot map
+                raise EngineGenerateError(
+                    f"the output schema cannot be made a llama.cpp grammar: {exc}"
+                ) from exc
+            with self._lock:
+                if len(self._grammars) >= _MAX_GRAMMARS:
+                    self._grammars.clear()
+                self._grammars[json_schema] = grammar
+        return grammar
+
     def _give_back(self, slot: _Slot) -> None:
         with self._slot_lock:
             slot.busy = False
@@ -479,6 +506,7 @@ class LlamaCppEngine(CpuEngine):
             min_p=0.0,
             temp=0.0 if sampling.temperature < 1e-5 else sampling.temperature,
             repeat_penalty=sampling.repetition_penalty,
+            grammar=self._grammar(llama_cpp, sampling.json_schema),
         )
         try:
             for token in tokens:

@@ -79,6 +79,7 @@ from typing import Any, Literal, TypeVar
 
 import aiohttp
 
+from inference import tool_calls
 from inference.config import EngineConfig
 from inference.engine import (
     ChatMessage,
@@ -679,6 +680,19 @@ class OpenAIEngine(Engine):
             body[extras["ignore_eos"]] = True
         if self.send_priority:
             body["priority"] = request.lane.vllm_priority
+        if request.tools:
+            # The server's own tool-call parser: calls come back as delta.tool_calls, not as text.
+            if not path.endswith("chat/completions"):
+                raise EngineGenerateError(
+                    "tool calls need the chat endpoint (engine.server_prompt = messages)"
+                )
+            body["tools"] = tool_calls.openai_tools(request.tools)
+            body["tool_choice"] = "auto"
+        elif s.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "opsbot_output", "schema": json.loads(s.json_schema), "strict": True},
+            }
         return path, body, sent_ids
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -699,6 +713,8 @@ class OpenAIEngine(Engine):
         chunks = 0
         finish: str | None = None
         usage: dict[str, Any] = {}
+        calls: dict[int, list[str]] = {}
+        """Tool calls streamed by the server: index -> [name, arguments text so far]."""
         server_metrics: dict[str, Any] = {}
         cache_n: int | None = None
         done = False
@@ -736,6 +752,13 @@ class OpenAIEngine(Engine):
                     for choice in chunk.get("choices") or ():
                         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                             continue
+                        if _add_tool_call(choice, calls):
+                            chunks += 1
+                            last = time.perf_counter()
+                            if first is None:
+                                first = last
+                                call.first_token = True
+                                yield TextDelta("")
                         text, is_token = _token_of(choice, chat)
                         if choice.get("finish_reason"):
                             finish = str(choice["finish_reason"])
@@ -794,9 +817,18 @@ class OpenAIEngine(Engine):
         details = usage.get("prompt_tokens_details")
         cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
         queue_ms = server_metrics.get("queue_time_ms")
+        text = "".join(pieces)
+        if request.tools:
+            # One decision in the shape every engine gives (inference.tool_calls): the first call,
+            # or the final answer when the model called nothing.
+            first_call = calls[min(calls)] if calls else None
+            if first_call is not None:
+                text = tool_calls.decision_text(first_call[0], first_call[1])
+            else:
+                text = tool_calls.decision_text(tool_calls.FINAL_ANSWER, {})
         yield GenerationResult(
             request_id=rid,
-            text="".join(pieces),
+            text=text,
             finish_reason=finish or "stop",
             prompt_tokens=prompt_tokens,
             cached_tokens=cached if cached is not None else (cache_n or 0),
@@ -901,6 +933,25 @@ def _token_of(choice: dict[str, Any], chat: bool) -> tuple[str, bool]:
         or (isinstance(delta, dict) and "role" not in delta and "content" in delta)
     )
     return text, is_token
+
+
+def _add_tool_call(choice: dict[str, Any], calls: dict[int, list[str]]) -> bool:
+    """Fold a chunk's ``delta.tool_calls`` pieces into ``calls``; whether it carried any."""
+    delta = choice.get("delta")
+    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+    if not isinstance(pieces, list) or not pieces:
+        return False
+    for piece in pieces:
+        if not isinstance(piece, dict):
+            continue
+        index = piece.get("index", 0) if isinstance(piece.get("index"), int) else 0
+        entry = calls.setdefault(index, ["", ""])
+        function = piece.get("function") or {}
+        if isinstance(function.get("name"), str):
+            entry[0] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            entry[1] += function["arguments"]
+    return True
 
 
 def _loads(data: str) -> dict[str, Any]:

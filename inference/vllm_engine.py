@@ -83,6 +83,16 @@ _VLLM_LOGGING = {
 }
 
 
+def structured_outputs(s: SamplingSettings) -> Any:
+    """vLLM's constraint for ``s.json_schema`` (its ``StructuredOutputsParams``: xgrammar or guidance
+    as the engine's ``structured_outputs_config`` picks), or ``None`` for free text."""
+    if s.json_schema is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(json=json.loads(s.json_schema))
+
+
 def route_vllm_logging() -> None:
     """Keep vLLM's log lines off stdout (where ``opsbot chat`` prints the answer).
 
@@ -234,6 +244,7 @@ def sampling_params(
         stop=list(s.stop) or None,
         ignore_eos=s.ignore_eos,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured_outputs(s),
     )
 
 

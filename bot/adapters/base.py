@@ -29,7 +29,7 @@ from aiohttp import web
 
 from bot.access import AccessPolicy
 from bot.event_loop import stop_task
-from bot.types import FinalAnswer, IncomingMessage, SourceNote, ThreadRead
+from bot.types import FinalAnswer, IncomingMessage, SourceNote, StepUpdate, ThreadRead
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,16 @@ class ReplyStream(abc.ABC):
         as task updates); default: nothing, the footer lists them."""
         return None
 
+    steps_in_text: bool = True
+    """Whether the investigation's checklist is shown in the streamed text (edited replies, the
+    eval); ``False`` where the platform shows steps itself (Slack's native task updates)."""
+
+    async def show_step(self, step: StepUpdate, checklist: str) -> None:
+        """An investigation step started or ended (``checklist``: every step so far, one line each).
+        Default: the checklist is the reply's text until the answer's first words replace it (the
+        stream's own edit pacing and rate budget apply)."""
+        await self.update(checklist)
+
     def seconds_to_next_edit(self) -> float:
         """How long until this stream sends answer text again, in seconds (0: it would now). The
         pipeline redacts and hands over partial text only shortly before that, not on every
@@ -150,6 +160,12 @@ class ChatAdapter(abc.ABC):
 
     async def close(self) -> None:
         """Release the platform connections (after the pipeline drained); default: nothing to do."""
+        return None
+
+    async def preflight(self) -> None:
+        """Check the credentials with the platform before the model loads (minutes, on a GPU):
+        :class:`~bot.errors.StartupError` naming the setting and the fix when they are refused.
+        Default: nothing to check."""
         return None
 
     async def acknowledge(self, message: IncomingMessage) -> None:

@@ -42,7 +42,7 @@ from bot.event_loop import stop_task
 from bot.retry import (
     until_deadline,
 )
-from bot.types import FinalAnswer, IncomingMessage, SourceNote
+from bot.types import FinalAnswer, IncomingMessage, SourceNote, StepUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -236,9 +236,30 @@ class _NativeRendering(ReplyStream):
         )
         if self._closed or self._broken:
             return
-        self._pending_chunks = chunks
-        self._sources_due = time.monotonic() + SOURCES_WAIT_S
+        self._pending_chunks = [*(self._pending_chunks or []), *chunks]  # after any step updates
+        self._sources_due = min(self._sources_due, time.monotonic() + SOURCES_WAIT_S)
         asyncio.get_running_loop().call_later(SOURCES_WAIT_S, self._wake.set)
+        self._start_editor()
+
+    steps_in_text = False
+    """Investigation steps are task updates of the stream's plan, not answer text."""
+
+    async def show_step(self, step: StepUpdate, checklist: str) -> None:
+        """A task update per step (pending -> in_progress, then complete / error with its one-line
+        result and source), sent alone at once, paced by the ``chat.appendStream`` budget."""
+        if self._closed or self._broken:
+            return
+        chunk: dict[str, Any] = {
+            "type": "task_update",
+            "id": f"step-{step.index}",
+            "title": f"[{step.index}] {step.title}"[:200],
+            "status": {"pending": "in_progress", "done": "complete"}.get(step.state, "error"),
+        }
+        if step.state != "pending" and (step.detail or step.source):
+            chunk["output"] = " — ".join(p for p in (step.detail, step.source) if p)[:200]
+        self._pending_chunks = [*(self._pending_chunks or []), chunk]
+        self._sources_due = time.monotonic()  # due now: a step is news, not text to batch
+        self._wake.set()
         self._start_editor()
 
     def seconds_to_next_edit(self) -> float:
@@ -384,6 +405,7 @@ class _NativeRendering(ReplyStream):
     def _take_pending(self) -> list[dict[str, Any]] | None:
         """The sources' task updates not sent yet (the stream's last call carries them)."""
         chunks, self._pending_chunks = self._pending_chunks, None
+        self._sources_due = float("inf")  # the next queued update sets its own due time
         return chunks
 
     async def _repair(self, first: str, final: FinalAnswer | None) -> None:
@@ -462,6 +484,14 @@ class SlackReply(ReplyStream):
 
     async def show_sources(self, sources: Sequence[SourceNote]) -> None:
         await self._r.show_sources(sources)
+
+    @property
+    def steps_in_text(self) -> bool:  # type: ignore[override]
+        """As the rendering chosen at start (native: task updates; edit: the checklist as text)."""
+        return self._rendering.steps_in_text if self._rendering is not None else True
+
+    async def show_step(self, step: StepUpdate, checklist: str) -> None:
+        await self._r.show_step(step, checklist)
 
     def seconds_to_next_edit(self) -> float:
         return self._r.seconds_to_next_edit() if self._rendering is not None else 0.0

@@ -191,7 +191,15 @@ class KubeReader:
             return ""
 
     async def log_text(
-        self, namespace: str, pod: str, container: str, *, previous: bool, tail_lines: int, limit_bytes: int
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        previous: bool,
+        tail_lines: int,
+        limit_bytes: int,
+        since_seconds: int | None = None,
     ) -> str:
         """A container's log (its last ``tail_lines`` lines, at most ``limit_bytes``); empty when it has
         none (a container that never started is a fact, not a failure)."""
@@ -204,6 +212,8 @@ class KubeReader:
             "tailLines": tail_lines,
             "limitBytes": limit_bytes,
         }
+        if since_seconds is not None:
+            query["sinceSeconds"] = since_seconds
         try:
             return await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, accept="*/*")
         except ApiException as exc:

@@ -113,11 +113,35 @@ class KubernetesProvider(ContextProvider):
                 self._target = str(configuration.host)
             return self._api
 
+    async def reader(self) -> KubeReader:
+        """A fresh reader (its own call log) over this provider's client: the investigation's tools
+        read through the same connection pool and credentials as the gathering."""
+        api = await self._client()
+        return KubeReader(api, timeout_s=self.settings.timeout_s, list_limit=self.settings.list_limit)
+
     async def close(self) -> None:
         """Close the API client's connection pool."""
         if self._api is not None:
             await self._api.close()
             self._api = None
+
+    async def check(self) -> str | None:
+        """``GET /version`` from the API server (any HTTP answer, even a refusal, is an answer)."""
+        try:
+            api = await self._client()
+        except (ConfigException, OSError, ValueError) as exc:
+            return f"cannot configure client: {exc}"
+        try:
+            await asyncio.wait_for(client.VersionApi(api).get_code(), self.settings.timeout_s)
+        except TimeoutError:
+            return f"no answer from {self.target} within {self.settings.timeout_s:g} s"
+        except client.ApiException as exc:
+            if exc.status in (401, 403):
+                return f"{self.target} refused the credentials (HTTP {exc.status})"
+            return None
+        except Exception as exc:  # aiohttp's connection errors and the like
+            return api_error(exc)
+        return None
 
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Pods, events, logs, workloads, nodes and the hops from them relevant to ``request``."""

@@ -181,12 +181,23 @@ class PrometheusProvider(ContextProvider):
             raise PrometheusError(f"HTTP {response.status} {kind}: {error}")
         return body.get("data")
 
+    async def check(self) -> str | None:
+        """``GET /-/ready``: Prometheus answers 200 once it serves queries."""
+        url = f"{self.target}/-/ready"
+        try:
+            async with self._client().get(url) as response:
+                if response.status != 200:
+                    return f"HTTP {response.status} from {url}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"cannot reach {url}: {exc or type(exc).__name__}"
+        return None
+
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Firing alerts plus every template whose placeholders the entities fill, within the
         request's namespaces (series and alerts of other namespaces are dropped)."""
         allowed = list(request.namespaces) if request.namespaces is not None else self.namespaces
         values = placeholder_values(request.entities, allowed)
-        keep = _NamespaceFilter(allowed)
+        keep = NamespaceFilter(allowed)
         tasks: list[asyncio.Task[_QueryOutcome]] = [asyncio.create_task(self._alerts(request.entities, keep))]
         for name, template in self.range_queries.items():
             promql = fill(template, values)
@@ -243,7 +254,7 @@ class PrometheusProvider(ContextProvider):
             target=self.target,
         )
 
-    async def _alerts(self, entities: Entities, keep: _NamespaceFilter) -> _QueryOutcome:
+    async def _alerts(self, entities: Entities, keep: NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome("alerts", "GET /api/v1/alerts", [])
         try:
             data = await self.api("alerts", {})
@@ -292,7 +303,7 @@ class PrometheusProvider(ContextProvider):
                         found.setdefault(name, url)
         return found
 
-    async def _series(self, promql: str, keep: _NamespaceFilter) -> list[tuple[dict[str, str], list[float]]]:
+    async def _series(self, promql: str, keep: NamespaceFilter) -> list[tuple[dict[str, str], list[float]]]:
         """A range query's series over ``range_minutes`` as (labels, finite values), in scope."""
         end = time.time()
         start = end - self.settings.range_minutes * 60
@@ -309,7 +320,7 @@ class PrometheusProvider(ContextProvider):
                     out.append((dict(series.get("metric") or {}), points))
         return out
 
-    async def _range(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
+    async def _range(self, name: str, promql: str, keep: NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome(name, promql, [])
         try:
             series = await self._series(promql, keep)
@@ -318,7 +329,7 @@ class PrometheusProvider(ContextProvider):
             return outcome
         unit = self.units.get(name, _guess_unit(name))
         for labels, points in series[:_MAX_SERIES]:
-            outcome.lines.append(f"{name} {_labels(labels)}: {summarise(points, unit)}")
+            outcome.lines.append(f"{name} {series_labels(labels)}: {summarise(points, unit)}")
         return outcome
 
     async def follow(self, request: ContextRequest, findings: Findings) -> ProviderResult | None:
@@ -326,7 +337,7 @@ class PrometheusProvider(ContextProvider):
         error rate, latency and saturation, their pools, their nodes' load and top consumers; then a
         second round on the likely culprit the first one pointed at."""
         allowed = list(request.namespaces) if request.namespaces is not None else self.namespaces
-        keep = _NamespaceFilter(allowed)
+        keep = NamespaceFilter(allowed)
         derived = prom_follow.first_round(findings, allowed)
         if not derived:
             return None
@@ -360,7 +371,7 @@ class PrometheusProvider(ContextProvider):
             )
         return self._answer(sections, query, errors)
 
-    async def _derived(self, query: prom_follow.Derived, keep: _NamespaceFilter) -> _Followed:
+    async def _derived(self, query: prom_follow.Derived, keep: NamespaceFilter) -> _Followed:
         outcome = _Followed(query.name, query.promql)
         try:
             series = await self._series(query.promql, keep)
@@ -393,10 +404,10 @@ class PrometheusProvider(ContextProvider):
                 outcome.failing.append(query.subject(labels))
             where = f" on {query.groups[query.subject(labels)]}" if query.groups else ""
             name = f"{query.name.removesuffix(' on node')}{where} {metric}".strip()
-            outcome.lines.append((f"{name} {_labels(labels)}: {summarise(points, unit)}", rank))
+            outcome.lines.append((f"{name} {series_labels(labels)}: {summarise(points, unit)}", rank))
         return outcome
 
-    async def _instant(self, name: str, promql: str, keep: _NamespaceFilter) -> _QueryOutcome:
+    async def _instant(self, name: str, promql: str, keep: NamespaceFilter) -> _QueryOutcome:
         outcome = _QueryOutcome(name, promql, [])
         try:
             data = await self.api("query", {"query": promql})
@@ -412,14 +423,14 @@ class PrometheusProvider(ContextProvider):
         for series in result[:_MAX_SERIES]:
             value = series.get("value", [0, "NaN"])[1]
             outcome.lines.append(
-                f"{name} {_labels(series.get('metric', {}))}: {format_value(float(value), unit)}"
+                f"{name} {series_labels(series.get('metric', {}))}: {format_value(float(value), unit)}"
             )
         if len(result) > _MAX_SERIES:
             outcome.lines.append(f"{name}: {len(result) - _MAX_SERIES} more series")
         return outcome
 
 
-class _NamespaceFilter:
+class NamespaceFilter:
     """Keeps series and alerts of the allowed namespaces (and those without a namespace label, such
     as node or target series); with no namespaces configured, keeps everything."""
 
@@ -440,7 +451,7 @@ def _finite(value: object) -> bool:
         return False
 
 
-def _labels(metric: Mapping[str, str]) -> str:
+def series_labels(metric: Mapping[str, str]) -> str:
     shown = {k: v for k, v in metric.items() if k != "__name__"}
     name = metric.get("__name__", "")
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(shown.items())) + "}"

@@ -61,6 +61,7 @@ BUILTIN_CASES = Path(__file__).parent / "cases"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _CASE_KEYS = {"id", "title", "question", "alert", "scenario", "cluster", "prometheus", "expect", "notes"}
 _REPLAY_KEYS = {
+    "investigation",
     "id",
     "title",
     "source",
@@ -97,7 +98,7 @@ _CLUSTER_KEYS = {
     "cronjobs",
     "jobs",
 }
-_EXPECT_KEYS = {"objects", "reasons", "numbers"}
+_EXPECT_KEYS = {"objects", "reasons", "numbers", "root_cause"}
 
 
 class CaseError(OpsbotError, ValueError):
@@ -111,6 +112,9 @@ class Expectation:
     objects: list[list[str]] = field(default_factory=list)
     reasons: list[list[str]] = field(default_factory=list)
     numbers: list[list[str]] = field(default_factory=list)
+    root_cause: list[list[str]] = field(default_factory=list)
+    """The root-cause entities an investigation must name (ITBench-AA style), each
+    ``[Kind] namespace/name`` with alternatives: ``Pod payments/worker-6d5f7c9b8-kq2lp``."""
 
     @property
     def empty(self) -> bool:
@@ -119,7 +123,10 @@ class Expectation:
 
     def as_dict(self) -> dict[str, list[list[str]]]:
         """JSON-ready form (the shape :func:`parse_expect` reads back)."""
-        return {"objects": self.objects, "reasons": self.reasons, "numbers": self.numbers}
+        found = {"objects": self.objects, "reasons": self.reasons, "numbers": self.numbers}
+        if self.root_cause:
+            found["root_cause"] = self.root_cause
+        return found
 
 
 @dataclass(slots=True)
@@ -134,6 +141,8 @@ class ReplayContext:
     reference_answer: str | None = None
     feedback: int | None = None
     model: str | None = None
+    investigation: dict[str, Any] | None = None
+    """The live investigation's offered tools and recorded call outputs (:mod:`bot.tools.recorded`)."""
 
 
 @dataclass(slots=True)
@@ -324,6 +333,7 @@ def parse_replay(data: Any, source: str) -> EvalCase:
             reference_answer=data.get("reference_answer"),
             feedback=int(feedback) if isinstance(feedback, int) else None,
             model=data.get("model"),
+            investigation=data.get("investigation") if isinstance(data.get("investigation"), dict) else None,
         ),
     )
 

@@ -77,6 +77,11 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
 
     if args.engine_config is not None:
         settings = apply_engine_config(settings, args.engine_config)
+    loop = getattr(args, "loop", None)
+    if loop is not None:  # --loop / --no-loop: the same cases and model with the loop on or off
+        settings = settings.model_copy(
+            update={"investigate": settings.investigate.model_copy(update={"enabled": loop})}
+        )
     paths = list(args.cases) or [BUILTIN_CASES]
     try:
         cases = load_cases(paths)
@@ -143,6 +148,7 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
         "max_model_len": settings.engine.max_model_len,
         "max_tokens": args.max_tokens,
         "evidence_only": bool(getattr(args, "evidence_only", False)),
+        "investigate": settings.investigate.enabled,
     }
     report = build_report(
         results,

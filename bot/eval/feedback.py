@@ -114,5 +114,7 @@ def export_lines(rated: Iterable[RatedRequest], rating: str = "all") -> tuple[li
             "created_at": item.created_at.isoformat(timespec="seconds"),
             "expect": expect.as_dict(),
         }
+        if inputs.get("investigation"):  # the tools offered and the calls' recorded outputs
+            case["investigation"] = inputs["investigation"]
         lines.append(json.dumps(case, ensure_ascii=False))
     return lines, skipped

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import __version__
+from bot.answer_clean import ECHO, EMPTY
 from bot.eval import evidence
 from bot.eval.runner import CaseResult
 from bot.store.records import percentile
@@ -94,6 +95,8 @@ def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
         "hallucinated_objects": sum(len(s.hallucinated) for s in scored),
         "cases_with_hallucination": sum(bool(s.hallucinated) for s in scored),
         "passed": _rate([s.passed for s in scored]),
+        "echoed": sum(s.failure == ECHO for s in scored),
+        "empty": sum(s.failure == EMPTY for s in scored),
         "evidence_recall": _rate([evidence.recalled(r.evidence) for r in results]),
         "gathering_misses": _missed(results, evidence.NOT_GATHERED),
         "budget_misses": _missed(results, evidence.CUT),
@@ -102,6 +105,36 @@ def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
         "ttft_ms": _spread([r.ttft_ms for r in results if r.ttft_ms is not None]),
         "e2e_ms": _spread([r.e2e_ms for r in results if r.e2e_ms is not None]),
         "output_tokens": sum(r.output_tokens for r in results),
+        "loop": loop_totals(results),
+    }
+
+
+def loop_totals(results: Sequence[CaseResult]) -> dict[str, Any] | None:
+    """The investigation loop over a run (``None`` with the loop off): tool calls that parsed and
+    named an offered tool, steps, each step's cached prompt tokens as a share of the previous step's
+    prompt (min and mean), and the mean root-cause entity score of the cases that expect one."""
+    loops = [r.loop for r in results if r.loop is not None]
+    if not loops:
+        return None
+    fractions = [
+        step["cached_of_previous"]
+        for loop in loops
+        for step in loop["steps"]
+        if step["cached_of_previous"] is not None
+    ]
+    scores = [loop["root_cause_score"] for loop in loops if loop["root_cause_score"] is not None]
+    return {
+        "cases": len(loops),
+        "calls": sum(loop["calls"] for loop in loops),
+        "calls_parsed": sum(loop["calls_parsed"] for loop in loops),
+        "tool_calls": sum(loop["tool_calls"] for loop in loops),
+        "steps": sum(len(loop["steps"]) for loop in loops),
+        "cached_of_previous_min": min(fractions) if fractions else None,
+        "cached_of_previous_mean": round(sum(fractions) / len(fractions), 4) if fractions else None,
+        "steps_at_or_over_90pct": sum(f >= 0.9 for f in fractions),
+        "steps_compared": len(fractions),
+        "root_cause_score_mean": round(sum(scores) / len(scores), 4) if scores else None,
+        "root_cause_cases": len(scores),
     }
 
 
@@ -143,6 +176,7 @@ def case_dict(result: CaseResult) -> dict[str, Any]:
         "request_id": result.request_id,
         "answer": result.answer,
         "prompt": result.prompt,
+        "loop": result.loop,
     }
 
 
@@ -194,9 +228,23 @@ def summary_line(report: Mapping[str, Any]) -> str:
         f"reason named {_frac(t['reason_named'])}, "
         f"numbers exact {t['numbers_found']}/{t['numbers_expected']}, "
         f"{t['hallucinated_objects']} hallucinated objects in {t['cases_with_hallucination']} cases, "
-        f"passed {_frac(t['passed'])}; TTFT p50 {_ms(ttft)}, e2e p50 {_ms(e2e)}, "
+        f"passed {_frac(t['passed'])}{_failed_answers(t)}; TTFT p50 {_ms(ttft)}, e2e p50 {_ms(e2e)}, "
         f"wall {report['wall_s']} s"
     )
+
+
+def _failed_answers(t: Mapping[str, Any]) -> str:
+    """`` (2 echoed the prompt, 1 empty)``: answers counted as failed whatever they named."""
+    parts = []
+    if t.get("echoed"):
+        parts.append(f"{t['echoed']} echoed the prompt")
+    if t.get("empty"):
+        parts.append(f"{t['empty']} empty")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f} %"
 
 
 def _cell(text: str) -> str:
@@ -232,6 +280,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"| numbers exact (single numbers) | {t['numbers_found']}/{t['numbers_expected']} |",
         f"| hallucinated objects | {t['hallucinated_objects']} in {t['cases_with_hallucination']} cases |",
         f"| passed (all of the above, no hallucination) | {_frac(t['passed'])} |",
+        f"| failed answers: echoed the prompt / empty after cleaning | {t.get('echoed', 0)} / "
+        f"{t.get('empty', 0)} |",
         f"| TTFT p50 / p90 / max | {_ms(t['ttft_ms']['p50'])} / {_ms(t['ttft_ms']['p90'])} / "
         f"{_ms(t['ttft_ms']['max'])} |",
         f"| end-to-end p50 / p90 / max | {_ms(t['e2e_ms']['p50'])} / {_ms(t['e2e_ms']['p90'])} / "
@@ -239,6 +289,22 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"| output tokens | {t['output_tokens']} |",
         "",
     ]
+    loop = t.get("loop")
+    if loop:
+        lines += [
+            "## Investigation loop",
+            "",
+            "| measure | result |",
+            "|---|---|",
+            f"| decisions that parse and name an offered tool | {loop['calls_parsed']}/{loop['calls']} |",
+            f"| tool calls run / model steps | {loop['tool_calls']} / {loop['steps']} |",
+            f"| cached prompt tokens / previous step's prompt, min / mean | "
+            f"{_pct(loop['cached_of_previous_min'])} / {_pct(loop['cached_of_previous_mean'])} |",
+            f"| steps with ≥ 90 % cached | {loop['steps_at_or_over_90pct']}/{loop['steps_compared']} |",
+            f"| root-cause entity score, mean (ITBench-AA style) | {loop['root_cause_score_mean']} over "
+            f"{loop['root_cause_cases']} cases |",
+            "",
+        ]
     if t["invalid_cases"]:
         lines += [
             "Cases that expect a fact their own served state does not hold (fix the case): "
@@ -312,6 +378,8 @@ def case_line(index: int, total: int, result: CaseResult) -> str:
     s = result.score
     if s is None:
         verdict = f"{result.status}: {result.error or 'no answer'}"[:160]
+    elif s.failure is not None and result.status == "ok":
+        verdict = f"FAILED ({s.failure})"
     else:
         verdict = (
             f"object {_mark(s.object_named)}, reason {_mark(s.reason_named)}, "

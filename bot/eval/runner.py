@@ -10,6 +10,7 @@ prompt's own text (:mod:`bot.eval.scorer`). One engine serves every case, starte
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
@@ -27,11 +28,13 @@ from bot.context.gatherer import ContextGatherer
 from bot.context.scope import ChannelRef
 from bot.eval.cases import EvalCase
 from bot.eval.evidence import FactEvidence, served_text, trace
-from bot.eval.scorer import Score, missing_from_context, score
+from bot.eval.scorer import Score, missing_from_context, root_cause_score, score
+from bot.investigate import Investigator, build_investigator
 from bot.pipeline import Pipeline
 from bot.prompts import PromptBuilder
 from bot.replay import bundle_from_dict
-from bot.store import Store
+from bot.store import StepRecord, Store
+from bot.tools.recorded import recorded_registry
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote
 from inference.engine import (
     ChatMessage,
@@ -186,6 +189,10 @@ class CaseResult:
     request_id: str = ""
     prompt: str = ""
     """The prompt's last user turn (kept in the JSON report for reading a case)."""
+    loop: dict[str, Any] | None = None
+    """With the investigation loop on: its steps (tokens, cached fraction of the previous step's
+    prompt, TTFT, tool, status), how many calls parsed, the stop reason, the root-cause block and
+    its entity score (:func:`bot.eval.scorer.root_cause_score`); ``None`` with the loop off."""
 
 
 ProgressFn = Callable[[int, int, CaseResult], None]
@@ -254,30 +261,9 @@ class EvalRunner:
             return ReplayGatherer(
                 bundle_from_dict({"sections": case.replay.sections, "notes": case.replay.notes})
             )
-        base = self.settings
-        update: dict[str, Any] = {
-            "clusters": {},
-            "scope": ScopeSettings(),
-            "runbooks": RunbookSettings(),
-            "kubernetes": KubernetesSettings(),
-            "prometheus": PrometheusSettings(),
-        }
-        if kube is not None:
-            config = kube.write_kubeconfig(self.workdir / f"{case.id}.kubeconfig", context="eval")
-            update["kubernetes"] = base.kubernetes.model_copy(
-                update={
-                    "enabled": True,
-                    "kubeconfig": config,
-                    "context": "eval",
-                    "namespaces": [],
-                    "label_selector": None,
-                }
-            )
-        if prom is not None:
-            update["prometheus"] = base.prometheus.model_copy(
-                update={"enabled": True, "url": prom.url, "bearer_token": None}
-            )
-        return TappedGatherer.from_settings(base.model_copy(update=update))
+        return TappedGatherer.from_settings(
+            served_settings(self.settings, kube, prom, self.workdir / case.id)
+        )
 
     async def _answer(self, case: EvalCase, gatherer: ContextGatherer, served: str | None) -> CaseResult:
         pipeline = Pipeline(
@@ -288,6 +274,8 @@ class EvalRunner:
             context=gatherer,
             model_name=self.model_name,
             thread=self.settings.thread,
+            answer=self.settings.answer,  # the watchdog's stall_s as configured (a slow CPU needs more)
+            investigator=self._investigator(case, gatherer),
         )
         adapter = CaptureAdapter()
         message = await self._message(case)
@@ -325,8 +313,20 @@ class EvalRunner:
         result.tpot_ms = record.tpot_ms
         result.prompt_tokens = record.prompt_tokens
         result.output_tokens = record.output_tokens
-        result.score = score(result.answer, case.expect, context)
+        result.score = score(result.answer, case.expect, context, question=message.text)
+        if self.settings.investigate.enabled:
+            steps = [
+                st for st in await self.store.steps_between(started) if st.request_id == message.request_id
+            ]
+            result.loop = loop_summary(steps, record.root_cause, case.expect.root_cause)
         return result
+
+    def _investigator(self, case: EvalCase, gatherer: ContextGatherer) -> Investigator | None:
+        """The loop when it is on: a replayed case's with the recorded tools (no cluster asked)."""
+        recording = case.replay.investigation if case.replay is not None else None
+        if recording is not None and self.settings.investigate.enabled:
+            return Investigator(recorded_registry(gatherer, recording), self.settings.investigate)
+        return build_investigator(self.settings, gatherer)
 
     async def _message(self, case: EvalCase) -> IncomingMessage:
         case_key = f"{self.run_id}-{case.id}"
@@ -371,6 +371,77 @@ class EvalRunner:
             message_id=f"{case_key}-q" if thread_id else None,
             scenario=case.scenario,
         )
+
+
+def served_settings(base: Settings, kube: Any, prom: Any, stem: Path) -> Settings:
+    """``base`` with its context sources pointed at a case's started servers, and nothing else
+    (no other cluster, scope or runbook): ``kube`` through a kubeconfig written at
+    ``stem.kubeconfig``, ``prom`` by URL; a source the case has no server for is off."""
+    update: dict[str, Any] = {
+        "clusters": {},
+        "scope": ScopeSettings(),
+        "runbooks": RunbookSettings(),
+        "kubernetes": KubernetesSettings(),
+        "prometheus": PrometheusSettings(),
+    }
+    if kube is not None:
+        config = kube.write_kubeconfig(stem.with_name(f"{stem.name}.kubeconfig"), context="eval")
+        update["kubernetes"] = base.kubernetes.model_copy(
+            update={
+                "enabled": True,
+                "kubeconfig": config,
+                "context": "eval",
+                "namespaces": [],
+                "label_selector": None,
+            }
+        )
+    if prom is not None:
+        update["prometheus"] = base.prometheus.model_copy(
+            update={"enabled": True, "url": prom.url, "bearer_token": None}
+        )
+    return base.model_copy(update=update)
+
+
+def loop_summary(
+    steps: Sequence[StepRecord], root_cause: str | None, expected: Sequence[Sequence[str]]
+) -> dict[str, Any]:
+    """One case's investigation for the report: its steps with each one's cached prompt tokens as a
+    share of the previous step's prompt, the calls that parsed, and the root-cause entity score."""
+    rows = []
+    previous = 0
+    for step in steps:
+        rows.append(
+            {
+                "step": step.index,
+                "kind": step.kind,
+                "tool": step.tool,
+                "arguments": step.arguments,
+                "status": step.status,
+                "prompt_tokens": step.prompt_tokens,
+                "cached_tokens": step.cached_tokens,
+                "output_tokens": step.output_tokens,
+                "cached_of_previous": round(step.cached_tokens / previous, 4) if previous else None,
+                "ttft_ms": step.ttft_ms,
+                "decode_ms": step.decode_ms,
+                "tool_ms": step.tool_ms,
+                "tool_tokens": step.tool_tokens,
+            }
+        )
+        previous = step.prompt_tokens or previous
+    calls = [s for s in steps if s.kind == "call"]
+    block = json.loads(root_cause) if root_cause else None
+    named = block.get("root_cause", []) if isinstance(block, dict) else []
+    return {
+        "steps": rows,
+        "calls": len(calls),
+        "calls_parsed": sum(1 for s in calls if s.status != "unparsed"),
+        "tool_calls": sum(1 for s in calls if s.status not in ("unparsed", "final")),
+        "prompt_tokens": sum(s.prompt_tokens for s in steps),
+        "cached_tokens": sum(s.cached_tokens for s in steps),
+        "output_tokens": sum(s.output_tokens for s in steps),
+        "root_cause": block,
+        "root_cause_score": root_cause_score(named, expected),
+    }
 
 
 def _gathered(gatherer: ContextGatherer) -> str:

@@ -11,6 +11,7 @@ from bot.store.records import (
     Percentiles,
     RatedRequest,
     RequestRecord,
+    StepRecord,
     ThreadMessage,
 )
 from bot.store.repository import Store
@@ -21,6 +22,7 @@ __all__ = [
     "Percentiles",
     "RatedRequest",
     "RequestRecord",
+    "StepRecord",
     "Store",
     "StoreError",
     "ThreadMessage",

@@ -45,6 +45,43 @@ class RequestRecord:
     replay_inputs: str | None = None
     """What replays this answer (:mod:`bot.replay`: redacted question, context bundle, thread
     turns, scenario); ``None`` when the request ended before its prompt was built."""
+    root_cause: str | None = None
+    """An investigation's root-cause block as JSON (entities and claims citing steps,
+    :mod:`bot.investigate`); ``None`` without one."""
+    steps: list[StepRecord] = field(default_factory=list)
+    """An investigation's model steps (``opsbot_investigation_steps``); empty without the loop.
+    Not a column of the request row: written to their own table with it."""
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One model step of an investigation (:mod:`bot.investigate`), stored linked to its request."""
+
+    index: int
+    """1.. for tool decisions (step 0, the gathering, has no row); the answer and the root-cause
+    block follow the last decision."""
+    kind: str
+    """``call`` (a tool decision), ``answer`` or ``root_cause``."""
+    status: str
+    """A call: its tool result's status (``ok``, ``error``, ``timeout``, ``repeated``, ``unknown``),
+    ``final`` (the model chose to answer) or ``unparsed``; the answer and block: ``ok`` or an error."""
+    tool: str | None = None
+    arguments: str | None = None
+    """The call's arguments as JSON text."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ttft_ms: float | None = None
+    decode_ms: float | None = None
+    """Time from the step's first token to its last (ms)."""
+    tool_ms: float | None = None
+    """How long the tool call took (ms)."""
+    tool_tokens: int = 0
+    """Tokens of the tool output appended to the transcript."""
+    summary: str = ""
+    source: str = ""
+    request_id: str = ""
+    """The request the step belongs to (set when read back)."""
 
 
 @dataclass

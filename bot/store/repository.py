@@ -17,7 +17,7 @@ import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -53,6 +53,7 @@ from bot.store.db import (
 from bot.store.models import (
     AlertThreadRow,
     FeedbackRow,
+    InvestigationStepRow,
     ProcessedEventRow,
     RequestRow,
     ThreadMessageRow,
@@ -64,6 +65,7 @@ from bot.store.records import (
     LatencyStats,
     RatedRequest,
     RequestRecord,
+    StepRecord,
     ThreadMessage,
     percentiles,
     utcnow,
@@ -91,6 +93,9 @@ _ALERTS: Table = AlertThreadRow.__table__  # type: ignore[assignment]
 _CLAIM_COLUMNS = tuple(column.name for column in _EVENTS.columns)
 """Every claim row names every column: rows of one multi-row INSERT must have the same keys."""
 _FEEDBACK: Table = FeedbackRow.__table__  # type: ignore[assignment]
+_STEPS: Table = InvestigationStepRow.__table__  # type: ignore[assignment]
+_NOT_COLUMNS = frozenset({"steps"})
+"""Record fields that are not columns of their row (a request's steps have their own table)."""
 _RELEASE = (
     update(_EVENTS)
     .where(
@@ -108,12 +113,33 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 """Each row dataclass's field names, looked up once."""
 
 
+def _step_values(request_id: str, step: StepRecord) -> dict[str, Any]:
+    """One step's row values (``index`` is the ``step`` column; text cleaned for PostgreSQL)."""
+    return {
+        "request_id": request_id,
+        "step": step.index,
+        "kind": step.kind,
+        "status": step.status,
+        "tool": step.tool,
+        "arguments": clean_text(step.arguments) if step.arguments else step.arguments,
+        "prompt_tokens": step.prompt_tokens,
+        "cached_tokens": step.cached_tokens,
+        "output_tokens": step.output_tokens,
+        "ttft_ms": step.ttft_ms,
+        "decode_ms": step.decode_ms,
+        "tool_ms": step.tool_ms,
+        "tool_tokens": step.tool_tokens,
+        "summary": clean_text(step.summary),
+        "source": clean_text(step.source)[:255],
+    }
+
+
 def _row_values(row: Any) -> dict[str, Any]:
     """A dataclass row's fields as statement values: a shallow copy (``asdict`` deep-copies every
     value, 2% of the event loop's time under a burst; rows are not changed once queued)."""
     names = _FIELD_NAMES.get(type(row))
     if names is None:
-        names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row))
+        names = _FIELD_NAMES[type(row)] = tuple(f.name for f in fields(row) if f.name not in _NOT_COLUMNS)
     return {name: getattr(row, name) for name in names}
 
 
@@ -615,6 +641,29 @@ class Store:
         """Queue a vote (+1 / -1) on an answer; a user's second vote on it replaces the first."""
         self._buffer.put(PendingFeedback(request_id, platform, user, value))
 
+    # -- direct statements (bot.actions: decisions that must be known now, never buffered) ----
+    async def write_now(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` as one write transaction now, not through the buffer (an approval's claim
+        must be decided before anything is applied). Raises :class:`StoreError` when the database
+        cannot be used: a decision then fails closed."""
+        try:
+            return await self._call(self._timed(self._transact(work)))
+        except StoreError:
+            raise
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from error
+
+    async def read_now(self, stmt: Any) -> list[Any]:
+        """Every row of a query; :class:`StoreError` when the database cannot be used."""
+        try:
+            return await self._call(self._all(stmt))
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from error
+
+    async def _timed(self, work: Awaitable[T]) -> T:
+        async with self._timeout():
+            return await work
+
     # -- thread reads ----------------------------------------------------------------------
     async def thread_history(
         self, platform: str, channel: str, thread_id: str, limit: int = 50
@@ -878,7 +927,9 @@ class Store:
 
         Raises :class:`StoreError` if the database cannot be read.
         """
-        names = [f.name for f in fields(RequestRecord) if f.name not in ("error", "replay_inputs")]
+        names = [
+            f.name for f in fields(RequestRecord) if f.name not in ("error", "replay_inputs", *_NOT_COLUMNS)
+        ]
         window = [_REQUESTS.c.created_at >= since]
         if until is not None:
             window.append(_REQUESTS.c.created_at < until)
@@ -896,8 +947,41 @@ class Store:
             raise unreachable(self._engine.url, error) from None
         rows = {r.request_id: RequestRecord(**{name: getattr(r, name) for name in names}) for r in stored}
         for p in pending:
-            rows[p.request_id] = RequestRecord(**{**asdict(p), "error": None, "replay_inputs": None})
+            rows[p.request_id] = RequestRecord(
+                **{**asdict(p), "steps": list(p.steps), "error": None, "replay_inputs": None}
+            )
         return sorted(rows.values(), key=lambda r: _aware(r.created_at))
+
+    async def steps_between(self, since: datetime, until: datetime | None = None) -> list[StepRecord]:
+        """The investigation steps of requests created in ``[since, until)``, stored or buffered, in
+        request then step order (``opsbot stats``); ``request_id`` set on each.
+
+        Raises :class:`StoreError` if the database cannot be read.
+        """
+        window = [_REQUESTS.c.created_at >= since]
+        if until is not None:
+            window.append(_REQUESTS.c.created_at < until)
+        pending = {r.request_id: r for r in self._pending_requests(since, until) if r.steps}
+        columns = [c for c in _STEPS.c if c.name != "step"]
+        try:
+            stored = await self._call(
+                self._all(
+                    select(_STEPS.c.step, *columns)
+                    .join(_REQUESTS, _REQUESTS.c.request_id == _STEPS.c.request_id)
+                    .where(*window)
+                    .order_by(_REQUESTS.c.created_at, _STEPS.c.request_id, _STEPS.c.step)
+                )
+            )
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from None
+        steps = [
+            StepRecord(index=r.step, **{c.name: getattr(r, c.name) for c in columns})
+            for r in stored
+            if r.request_id not in pending
+        ]
+        for request_id, record in pending.items():
+            steps += [replace(step, request_id=request_id) for step in record.steps]
+        return steps
 
     async def rated_requests(self, since: datetime, until: datetime | None = None) -> list[RatedRequest]:
         """Requests created in ``[since, until)`` that someone voted on, oldest first, with their
@@ -1057,6 +1141,8 @@ class Store:
                 feedback[(row.request_id, row.platform, row.user or "")] = row
         # Statement values are built here, on the event loop: the transaction itself only executes.
         request_values = [_row_values(r) for r in requests.values()]
+        stepped = [r.request_id for r in requests.values() if r.steps]
+        step_values = [_step_values(r.request_id, step) for r in requests.values() for step in r.steps]
         claim_values = [_row_values(c) for c in claims.values()]
         release_values = [
             {"r_platform": r.platform, "r_event": r.event_id, "r_owner": r.owner} for r in releases
@@ -1067,6 +1153,9 @@ class Store:
         def write(conn: Connection) -> None:
             if request_values:
                 self._upsert(conn, _REQUESTS, request_values, ["request_id"])
+            if stepped:  # a retried batch rewrites its steps: delete, then insert
+                conn.execute(delete(_STEPS).where(_STEPS.c.request_id.in_(stepped)))
+                conn.execute(self._insert(_STEPS), step_values)
             if claim_values:
                 stmt = self._insert(_EVENTS).on_conflict_do_nothing(index_elements=["platform", "event_id"])
                 conn.execute(stmt, claim_values)

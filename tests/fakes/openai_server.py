@@ -176,6 +176,7 @@ class FakeOpenAIServer:
         api_key: str | None = None,
         token_interval_s: float = 0.002,
         block_size: int = 16,
+        answer: str = CANNED_ANSWER,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -193,11 +194,17 @@ class FakeOpenAIServer:
         self.block_size = block_size
         self.healthy = True
         """``False``: ``/health`` answers 503, as vLLM does once its engine core died."""
+        self.tool_call: tuple[str, str] | None = None
+        """What the model calls when a chat request offers ``tools``: (function name, arguments as
+        JSON text). vLLM's tool parser streams it as ``delta.tool_calls`` pieces (a first piece with
+        the id, type and name, then the arguments a few characters at a time) and ends the choice
+        with ``finish_reason: "tool_calls"``. ``None``: the canned answer, as without tools."""
         self.default_fault: Fault | None = None
         self.log: list[Received] = []
         self.port = 0
         self._faults: dict[str, Fault] = {}
-        self._answer_ids: list[int] = self.tokenizer.encode(CANNED_ANSWER, add_special_tokens=False)
+        # What every request "generates" (a test may give one a model that echoes fence markup).
+        self._answer_ids: list[int] = self.tokenizer.encode(answer, add_special_tokens=False)
         self._cached_blocks: set[tuple[int, ...]] = set()
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -593,6 +600,9 @@ class FakeOpenAIServer:
             entry.cached_tokens = self._prefix_cache(ids)
             # Prefill: a little time per uncached token, plus what the fault adds.
             await asyncio.sleep(0.00002 * (len(ids) - entry.cached_tokens) + fault.first_token_delay_s)
+            if chat and body.get("tools") and self.tool_call is not None:
+                await self._stream_tool_call(response, rid, created, model, len(ids), entry, include_usage)
+                return response
             out: list[int] = []
             text = full = ""
             hold = max((len(stop) for stop in stops), default=1) - 1
@@ -604,7 +614,8 @@ class FakeOpenAIServer:
                 answer_done = position >= len(self._answer_ids) and not body.get("ignore_eos")
                 if answer_done:
                     finish = "stop"  # the model emitted EOS: counted, not shown
-                    delta = ""
+                    delta = full[len(text) :]  # what was held back for a stop string goes out now
+                    text += delta
                     if self.tokenizer.eos_token_id is not None:
                         out.append(int(self.tokenizer.eos_token_id))
                 else:
@@ -691,6 +702,54 @@ class FakeOpenAIServer:
         finally:
             if granted:
                 self._scheduler.release()
+
+    async def _stream_tool_call(
+        self,
+        response: web.StreamResponse,
+        rid: str,
+        created: int,
+        model: str,
+        prompt_tokens: int,
+        entry: Received,
+        include_usage: bool,
+    ) -> None:
+        """:attr:`tool_call` as vLLM's streaming tool parser sends it, then usage and ``[DONE]``."""
+        assert self.tool_call is not None
+        name, arguments = self.tool_call
+        await self._send(response, _chat_role_chunk(rid, created, model))
+        pieces = [arguments[i : i + 8] for i in range(0, len(arguments), 8)]
+        deltas: list[dict[str, Any]] = [
+            {
+                "tool_calls": [
+                    {
+                        "id": f"chatcmpl-tool-{rid[-8:]}",
+                        "type": "function",
+                        "index": 0,
+                        "function": {"name": name, "arguments": ""},
+                    }
+                ]
+            }  # fmt: skip
+        ]
+        deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces]
+        for delta in deltas:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+            await self._send(response, f"data: {_dumps({**chunk, 'choices': [choice]})}\n\n")
+            entry.tokens_sent += 1
+        end = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "tool_calls"}
+        chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+        await self._send(response, f"data: {_dumps({**chunk, 'choices': [end]})}\n\n")
+        if include_usage:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + len(deltas),
+                "completion_tokens": len(deltas),
+            }
+            final = {**chunk, "choices": [], "usage": usage, "system_fingerprint": FINGERPRINT}
+            await self._send(response, f"data: {_dumps(final)}\n\n")
+        await self._send(response, "data: [DONE]\n\n")
+        await response.write_eof()
+        entry.outcome = "finished"
 
     async def _send(self, response: web.StreamResponse, data: str) -> None:
         await response.write(data.encode("utf-8"))

@@ -1,0 +1,534 @@
+"""The investigation loop: after the gathered context (step 0), the model calls tools until it answers.
+
+One investigation, for a scenario and lane whose budget allows it (``[investigate]``)::
+
+    step 0   the pipeline's prompt: system prompt, fenced context, question (as without the loop)
+             + the tool catalogue and the budget, appended to that user turn
+    step n   one decision under the tools' schema (constrained decoding: llama.cpp grammar, vLLM
+             structured outputs, the server's ``tools``): a call, or ``final_answer``
+             -> the call runs through the tool box (offered? repeated? in scope? timeout, redaction,
+             output cap) -> its output is appended as a fenced, numbered, untrusted user turn
+    answer   once the model says ``final_answer``, or the steps, tool tokens or wall clock are
+             spent, or the window is full: one more user turn asks for the answer with citations
+             [n] of the steps, and offers no tools (the pipeline streams it like any answer)
+
+Cache-friendly by construction: the transcript is only ever appended to, and nothing volatile (a
+time, a counter) sits in the system prompt or an earlier turn, so every step's prompt is the last
+step's prompt plus its output plus the new turn: a prefix-cache hit on every engine (the records
+show it: ``cached_tokens`` of step n against ``prompt_tokens`` of step n-1).
+
+Safety: the tools, their schemas, the scope and the budgets are fixed before step 1 from
+configuration and the channel's scope; tool outputs are data in fences. Text in a log line that
+reads like an instruction can change neither; at most it steers which offered tool is called next
+within the scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot import metrics
+from bot.config import InvestigateSettings, LaneBudget, Settings
+from bot.context.alertmanager_api import AlertmanagerApi
+from bot.context.base import ContextBundle
+from bot.context.gatherer import ContextGatherer
+from bot.prompts import defuse, fence
+from bot.store import StepRecord, ThreadMessage
+from bot.tools.registry import ToolBox, ToolRegistry, ToolResult
+from bot.types import StepUpdate
+from inference.engine import (
+    ChatMessage,
+    ChatTokenizer,
+    Engine,
+    EngineDeadError,
+    EngineGenerateError,
+    GenerationRequest,
+    GenerationResult,
+    Lane,
+    SamplingSettings,
+    ToolSpec,
+)
+from inference.tool_calls import (
+    FINAL_ANSWER,
+    ToolCall,
+    ToolCallError,
+    decision_schema,
+    final_answer_spec,
+    parse_decision,
+)
+
+logger = logging.getLogger(__name__)
+
+ANSWER_TURN = (
+    "No more tool calls. Now write the answer to the message above from the data: the gathered data "
+    "is step [0], each tool result is the step with its number. Put the step numbers that support a "
+    "claim after it, like [0] or [2]. If the evidence does not settle the cause, say it is "
+    "inconclusive and what to check next. End with one line `Root cause: <kind> <namespace>/<name>` "
+    "naming the failing object."
+)
+"""The last user turn of an investigation: no tools, cite the steps, inconclusive is an answer."""
+
+ROOT_CAUSE_TURN = (
+    "Write the root cause of the answer above as JSON: the failing objects (kind, namespace, name) and "
+    "up to three short claims, each with the step numbers that support it."
+)
+"""The user turn of the root-cause block (a constrained step after the answer)."""
+
+_ROOT_CAUSE_MAX_TOKENS = 640
+"""Room for the longest block the schema allows (its strings and lists are bounded), so a block is
+never cut off mid-JSON."""
+
+_KINDS = ["Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Node", "Service",
+          "PersistentVolumeClaim", "PersistentVolume", "Namespace", "HorizontalPodAutoscaler", "ConfigMap",
+          "Secret", "Ingress", "Other"]  # fmt: skip
+
+
+StepSink = Callable[[StepUpdate], Awaitable[None]]
+"""Where live step updates go (the reply's checklist / task cards; the terminal's step lines)."""
+
+
+@dataclass(slots=True)
+class Investigation:
+    """A finished loop: the transcript to answer from, and its steps."""
+
+    messages: list[ChatMessage]
+    token_ids: list[int]
+    steps: list[StepRecord] = field(default_factory=list)
+    stop: str = "answer"
+    """Why the calls ended: ``answer`` (the model chose to), ``steps``, ``tool_tokens``, ``wall``,
+    ``window``, ``unparsed``, ``engine`` (the engine cannot constrain or failed)."""
+    tools: tuple[str, ...] = ()
+    """The tools offered (fixed before step 1)."""
+    scope_cluster: str = ""
+    specs: tuple[ToolSpec, ...] = ()
+    """The offered tools' specs (their exact schemas), for a replay."""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """Every call's redacted output as the model read it (name, arguments, status, text, source,
+    summary), for a replay."""
+
+    def replay_record(self) -> dict[str, Any]:
+        """What replays this investigation without a cluster (:mod:`bot.tools.recorded`)."""
+        return {
+            "tools": [
+                {"name": s.name, "description": s.description, "parameters": dict(s.parameters)}
+                for s in self.specs
+            ],
+            "calls": list(self.outputs),
+        }
+
+    @property
+    def calls(self) -> list[StepRecord]:
+        """The tool decisions (not the answer)."""
+        return [s for s in self.steps if s.kind == "call"]
+
+    def parsed_calls(self) -> int:
+        """Decisions that parsed and named an offered tool (``final_answer`` included)."""
+        return sum(1 for s in self.calls if s.status != "unparsed")
+
+
+def build_investigator(settings: Settings, gatherer: ContextGatherer) -> Investigator | None:
+    """The loop of ``settings.investigate`` over ``gatherer``'s clients (``None`` when it is off)."""
+    if not settings.investigate.enabled:
+        return None
+    alertmanager = AlertmanagerApi(settings.alertmanager) if settings.alertmanager.api_url else None
+    return Investigator(ToolRegistry(gatherer, alertmanager=alertmanager), settings.investigate)
+
+
+class Investigator:
+    """Runs investigations with one tool registry and the ``[investigate]`` settings."""
+
+    def __init__(self, registry: ToolRegistry, settings: InvestigateSettings) -> None:
+        self.registry = registry
+        self.settings = settings
+
+    async def close(self) -> None:
+        """Close the clients the tools own beyond the gatherer's (Alertmanager's API)."""
+        await self.registry.close()
+
+    def budget(self, scenario: str, lane: Lane) -> LaneBudget | None:
+        """The budget of ``scenario`` in ``lane`` (``None``: it answers without the loop)."""
+        return self.settings.budget(scenario, lane)
+
+    def reserve(self, scenario: str, lane: Lane) -> int:
+        """Tokens of the window to keep free for the loop when step 0's prompt is fitted: the tool
+        outputs, the calls and the turns around them."""
+        budget = self.budget(scenario, lane)
+        if budget is None:
+            return 0
+        per_step = self.settings.decision_max_tokens + 64  # a call, its result's title and fences
+        return budget.max_tool_tokens + self.settings.max_output_tokens + budget.max_steps * per_step + 600
+
+    async def run(
+        self,
+        *,
+        engine: Engine,
+        tokenizer: ChatTokenizer,
+        request_id: str,
+        scenario: str,
+        lane: Lane,
+        sampling: SamplingSettings,
+        messages: Sequence[ChatMessage],
+        window: int,
+        bundle: ContextBundle | None,
+        history: Sequence[ThreadMessage] = (),
+        on_step: StepSink | None = None,
+    ) -> Investigation | None:
+        """The loop for one request from step 0's ``messages``; ``None`` when it has no budget or no
+        tool is available in its scope (then the pipeline answers from step 0 alone)."""
+        budget = self.budget(scenario, lane)
+        if budget is None:
+            return None
+        scope = self.registry.scope_for(bundle, history)
+        box = self.registry.box(
+            scope,
+            max_output_tokens=self.settings.max_output_tokens,
+            count=tokenizer.count,
+            timeout_s=self.settings.tool_timeout_s,
+        )
+        if not box.specs:
+            return None
+        loop = _Loop(
+            self.settings, budget, box, engine, tokenizer, request_id, lane, sampling, window, on_step
+        )
+        return await loop.run(list(messages), scope.clusters[0].name if scope.clusters else "")
+
+    async def root_cause(
+        self,
+        *,
+        engine: Engine,
+        investigation: Investigation,
+        answer: str,
+        request_id: str,
+        lane: Lane,
+        sampling: SamplingSettings,
+    ) -> dict[str, Any] | None:
+        """The root-cause block of ``answer`` (one constrained step on the transcript: entities and
+        claims with step references), or ``None`` when off or the engine failed."""
+        if not self.settings.root_cause_block:
+            return None
+        last = len(investigation.calls)
+        schema = root_cause_schema(last)
+        messages = [
+            *investigation.messages,
+            ChatMessage("assistant", answer),
+            ChatMessage("user", ROOT_CAUSE_TURN),
+        ]
+        step = StepRecord(index=last + 2, kind="root_cause", status="ok")
+        try:
+            text, result = await _generate(
+                engine,
+                GenerationRequest(
+                    request_id=f"{request_id}-rc",
+                    scenario="investigate",
+                    lane=lane,
+                    sampling=SamplingSettings(
+                        temperature=0.0,
+                        top_p=1.0,
+                        max_tokens=320,
+                        seed=sampling.seed,
+                        json_schema=json.dumps(schema),
+                    ),
+                    messages=messages,
+                    prompt_token_ids=engine.tokenizer.render(messages),
+                ),
+            )
+        except (EngineGenerateError, EngineDeadError) as exc:
+            logger.warning("request %s: root-cause block failed: %s", request_id, exc)
+            step.status = "error"
+            investigation.steps.append(step)
+            return None
+        _timings(step, result)
+        investigation.steps.append(step)
+        try:
+            block = json.loads(text)
+        except ValueError:
+            step.status = "unparsed"
+            return None
+        if not isinstance(block, dict):
+            step.status = "unparsed"
+            return None
+        for entity in block.get("root_cause") or []:
+            if isinstance(entity, dict):
+                entity.setdefault("cluster", investigation.scope_cluster)
+        return block
+
+
+class _Loop:
+    """One investigation's state (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: InvestigateSettings,
+        budget: LaneBudget,
+        box: ToolBox,
+        engine: Engine,
+        tokenizer: ChatTokenizer,
+        request_id: str,
+        lane: Lane,
+        sampling: SamplingSettings,
+        window: int,
+        on_step: StepSink | None,
+    ) -> None:
+        self.settings = settings
+        self.budget = budget
+        self.box = box
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.request_id = request_id
+        self.lane = lane
+        self.sampling = sampling
+        self.window = window
+        self.on_step = on_step
+        self.specs: tuple[ToolSpec, ...] = (*box.specs, final_answer_spec())
+        self.schema = json.dumps(decision_schema(self.specs))
+        self.tag = secrets.token_hex(4)
+
+    async def _show(self, update: StepUpdate) -> None:
+        if self.on_step is None:
+            return
+        try:
+            await self.on_step(update)
+        except Exception:  # the live view is a courtesy: a platform failure must not stop the loop
+            logger.warning("request %s: step update not shown", self.request_id, exc_info=True)
+
+    async def run(self, messages: list[ChatMessage], cluster: str) -> Investigation:
+        messages[-1] = ChatMessage(
+            messages[-1].role, messages[-1].content + "\n\n" + catalogue(self.specs, self.budget)
+        )
+        found = Investigation(
+            messages, [], tools=tuple(s.name for s in self.box.specs), scope_cluster=cluster
+        )
+        found.specs = self.box.specs
+        deadline = time.monotonic() + self.budget.wall_s
+        tool_tokens = 0
+        repeats = 0
+        found.stop = "steps"
+        for index in range(1, self.budget.max_steps + 1):
+            if time.monotonic() >= deadline:
+                found.stop = "wall"
+                break
+            if tool_tokens >= self.budget.max_tool_tokens:
+                found.stop = "tool_tokens"
+                break
+            ids = self.tokenizer.render(messages)
+            room = self.window - len(ids) - self.sampling.max_tokens
+            if room < self.settings.decision_max_tokens + self.settings.max_output_tokens + 128:
+                found.stop = "window"
+                break
+            step = StepRecord(index=index, kind="call", status="unparsed")
+            try:
+                text, result = await asyncio.wait_for(
+                    _generate(self.engine, self._decision(index, messages, ids)),
+                    max(0.1, deadline - time.monotonic()),
+                )
+            except TimeoutError:
+                found.stop = "wall"
+                break
+            except (EngineGenerateError, EngineDeadError) as exc:
+                logger.warning("request %s: investigation step %d: %s", self.request_id, index, exc)
+                found.stop = "engine"
+                break
+            _timings(step, result)
+            found.steps.append(step)
+            try:
+                call = parse_decision(text, self.specs)
+            except ToolCallError as exc:
+                step.summary = f"unparsed call: {exc}"[:300]
+                found.stop = "unparsed"
+                break
+            step.tool, step.arguments = call.name, json.dumps(call.arguments, sort_keys=True)
+            messages.append(ChatMessage("assistant", text))
+            if call.is_final:
+                step.status = "final"
+                found.stop = "answer"
+                break
+            title = describe_call(call)
+            await self._show(StepUpdate(index, "pending", title))
+            try:
+                outcome = await asyncio.wait_for(self.box.call(call), max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                outcome = ToolResult(call, "timeout", "the investigation's time ran out during this call")
+            step.status = outcome.status
+            found.outputs.append(
+                {
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "status": outcome.status,
+                    "text": outcome.text,
+                    "source": outcome.source,
+                    "summary": outcome.summary,
+                }
+            )
+            repeats = repeats + 1 if outcome.status == "repeated" else 0
+            step.tool_ms = outcome.latency_ms
+            step.tool_tokens = outcome.output_tokens
+            step.summary = outcome.summary or outcome.text.splitlines()[0][:200] if outcome.text else ""
+            step.source = outcome.source
+            tool_tokens += outcome.output_tokens
+            messages.append(ChatMessage("user", self._result_turn(index, call, outcome, tool_tokens)))
+            await self._show(
+                StepUpdate(
+                    index, "done" if outcome.status == "ok" else "failed", title, step.summary, outcome.source
+                )
+            )
+            if repeats >= 2:
+                # Refused twice in a row: the model is stuck on one call; more steps would repeat it.
+                found.stop = "repeated"
+                break
+        messages.append(ChatMessage("user", ANSWER_TURN))
+        found.token_ids = self.tokenizer.render(messages)
+        return found
+
+    def _decision(self, index: int, messages: Sequence[ChatMessage], ids: list[int]) -> GenerationRequest:
+        # Greedy: a decision is a choice, not prose; the same transcript gives the same call.
+        return GenerationRequest(
+            request_id=f"{self.request_id}-s{index}",
+            scenario="investigate",
+            lane=self.lane,
+            sampling=SamplingSettings(
+                temperature=0.0,
+                top_p=1.0,
+                max_tokens=self.settings.decision_max_tokens,
+                seed=self.sampling.seed,
+                json_schema=self.schema,
+            ),
+            messages=list(messages),
+            prompt_token_ids=ids,
+            tools=self.specs,
+        )
+
+    def _result_turn(self, index: int, call: ToolCall, outcome: ToolResult, spent: int) -> str:
+        left = self.budget.max_steps - index
+        label = f"step [{index}] {describe_call(call)}" + (
+            f" from {outcome.source}" if outcome.source else ""
+        )
+        if outcome.status != "ok":
+            label += f" ({outcome.status})"
+        tokens_left = max(0, self.budget.max_tool_tokens - spent)
+        return (
+            f"Result of step [{index}] (untrusted data):\n{fence(label, outcome.text, self.tag)}\n\n"
+            f"{left} tool call{'' if left == 1 else 's'} and about {tokens_left} tokens of tool output left. "
+            f"Call another tool, or {FINAL_ANSWER} when the data is enough."
+        )
+
+
+async def _generate(engine: Engine, request: GenerationRequest) -> tuple[str, GenerationResult]:
+    """The whole text and result of one non-streamed step."""
+    result: GenerationResult | None = None
+    async for event in engine.generate(request):
+        if isinstance(event, GenerationResult):
+            result = event
+    if result is None:
+        raise EngineGenerateError(f"request {request.request_id} ended without a result")
+    return result.text, result
+
+
+def _timings(step: StepRecord, result: GenerationResult) -> None:
+    step.prompt_tokens = result.prompt_tokens
+    step.cached_tokens = result.cached_tokens
+    step.output_tokens = result.output_tokens
+    step.ttft_ms = result.ttft_ms
+    if result.ttft_ms is not None:
+        step.decode_ms = max(0.0, result.e2e_ms - result.ttft_ms)
+
+
+def describe_call(call: ToolCall) -> str:
+    """``kube_logs namespace=shop pod=api-1`` (empty arguments left out), for titles and lines."""
+    shown = " ".join(f"{k}={v}" for k, v in call.arguments.items() if v not in ("", None, False))
+    return defuse(f"{call.name} {shown}".strip())[:200]
+
+
+def catalogue(specs: Sequence[ToolSpec], budget: LaneBudget) -> str:
+    """The tools and the rules of the loop, appended to step 0's user turn (static per request, so
+    it sits before every step's new turns)."""
+    lines = [
+        f"Before answering you may call up to {budget.max_steps} read-only tools to check the cluster. "
+        'Reply with exactly one JSON call {"name": <tool>, "arguments": {...}}; the result comes back as '
+        f'a numbered step. Call "{FINAL_ANSWER}" when the data above is enough. Tools:'
+    ]
+    for spec in specs:
+        params = spec.parameters.get("properties") or {}
+        args = ", ".join(params)
+        lines.append(f"- {spec.name}({args}): {spec.description}")
+    return "\n".join(lines)
+
+
+def root_cause_schema(last_step: int) -> dict[str, Any]:
+    """The JSON Schema of the root-cause block: entities and claims citing steps 0..``last_step``."""
+    step_ref = {"type": "integer", "minimum": 0, "maximum": max(0, last_step)}
+    return {
+        "type": "object",
+        "properties": {
+            "conclusive": {"type": "boolean"},
+            "root_cause": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 2,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string", "enum": _KINDS},
+                        "namespace": {"type": "string", "maxLength": 63},
+                        "name": {"type": "string", "maxLength": 63},
+                    },
+                    "required": ["kind", "namespace", "name"],
+                    "additionalProperties": False,
+                },
+            },
+            "claims": {
+                "type": "array",
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "claim": {"type": "string", "maxLength": 100},
+                        "steps": {"type": "array", "minItems": 1, "maxItems": 3, "items": step_ref},
+                    },
+                    "required": ["claim", "steps"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["conclusive", "root_cause", "claims"],
+        "additionalProperties": False,
+    }
+
+
+def citation_line(block: dict[str, Any]) -> str:
+    """The short citation shown under an answer: ``Root cause: Deployment shop/api [1][3]``."""
+    entities = [
+        f"{e.get('kind')} {str(e['namespace']) + '/' if e.get('namespace') else ''}{e.get('name')}"
+        for e in block.get("root_cause") or []
+        if isinstance(e, dict)
+    ]
+    refs = sorted(
+        {
+            int(n)
+            for claim in block.get("claims") or []
+            if isinstance(claim, dict)
+            for n in claim.get("steps") or []
+            if isinstance(n, int)
+        }
+    )
+    cited = "".join(f"[{n}]" for n in refs)
+    verdict = "" if block.get("conclusive", True) else " (inconclusive)"
+    return f"Root cause{verdict}: {', '.join(entities) or 'not named'} {cited}".rstrip()
+
+
+def observe(investigation: Investigation, scenario: str, lane: Lane) -> None:
+    """Count an investigation in ``/metrics``: steps, each step's TTFT and cache reuse."""
+    metrics.INVESTIGATION_STEPS.labels(scenario, lane.value).observe(len(investigation.steps))
+    previous: int | None = None
+    for step in investigation.steps:
+        if step.ttft_ms is not None:
+            metrics.STEP_TTFT.labels(scenario, lane.value).observe(step.ttft_ms / 1000)
+        if previous:
+            metrics.STEP_CACHED_FRACTION.observe(min(1.0, step.cached_tokens / previous))
+        previous = step.prompt_tokens or previous

@@ -132,6 +132,18 @@ def build_parser() -> OneLineParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
+    _add_service_commands(sub)
+    _add_stats_command(sub)
+    _add_admin_commands(sub)
+    _add_analyze_command(sub)
+    _add_eval_commands(sub)
+    _add_audit_command(sub)
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _add_service_commands(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """run, chat: the bot itself (chat-platform adapters or this terminal)."""
     sub.add_parser("run", help="run the configured chat adapters and the HTTP server")
     chat = sub.add_parser(
         "chat", help="talk to opsbot in this terminal (full pipeline, one thread per session)"
@@ -144,6 +156,10 @@ def build_parser() -> OneLineParser:
         help="a built-in incident served by in-process Kubernetes and Prometheus APIs, no cluster "
         "needed (CASE: an `opsbot eval` case id; default: a worker that is OOMKilled)",
     )
+
+
+def _add_stats_command(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """stats: latency percentiles and plots from the store."""
     stats = sub.add_parser(
         "stats", help="latency percentiles, errors, prefix-cache reuse, TTFT histogram, plots"
     )
@@ -170,6 +186,10 @@ def build_parser() -> OneLineParser:
         metavar="FILE.png",
         help="also draw TTFT and TPOT P50 / P99 over time per scenario",
     )
+
+
+def _add_admin_commands(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """db, make-test-model, config: the database schema, offline models, the settings."""
     db = sub.add_parser("db", help="database migrations")
     db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", parser_class=OneLineParser)
     db_sub.required = True
@@ -190,6 +210,10 @@ def build_parser() -> OneLineParser:
     config_sub.required = True
     show = config_sub.add_parser("show", help="print the effective configuration, secrets masked")
     show.add_argument("--json", action="store_true", help="JSON instead of TOML")
+
+
+def _add_analyze_command(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """analyze: a shift's alerts, events or logs summarised in a batch."""
     analyze = sub.add_parser(
         "analyze", help="batch analysis of alerts, Kubernetes events or logs: grouped summaries and a report"
     )
@@ -211,6 +235,10 @@ def build_parser() -> OneLineParser:
     analyze.add_argument("--format", choices=["auto", "json", "jsonl", "logs"], default="auto")
     analyze.add_argument("--max-tokens", type=int, help="answer tokens per group (default: the scenario's)")
     analyze.add_argument("--max-groups", type=int, help="groups summarised, largest first (default 200)")
+
+
+def _add_eval_commands(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """eval, feedback: incident cases scored; rated answers exported as cases."""
     ev = sub.add_parser(
         "eval", help="run incident cases through the whole pipeline and score the answers (JSON + Markdown)"
     )
@@ -258,6 +286,10 @@ def build_parser() -> OneLineParser:
     export.add_argument(
         "--rating", choices=["all", "up", "down"], default="all", help="liked, disliked or all rated answers"
     )
+
+
+def _add_audit_command(sub: argparse._SubParsersAction[OneLineParser]) -> None:
+    """audit: the approval-gated actions' trail."""
     audit = sub.add_parser("audit", help="proposed actions: who approved what, when, with what result")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", parser_class=OneLineParser)
     audit_sub.required = True
@@ -273,8 +305,6 @@ def build_parser() -> OneLineParser:
         if name == "export":
             one.add_argument("--format", choices=["json", "csv"], default="json")
             one.add_argument("--out", default="-", help="file to write (default: stdout)")
-    sub.add_parser("version", help="print the version")
-    return parser
 
 
 def _when(text: str) -> datetime:

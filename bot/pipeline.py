@@ -430,7 +430,6 @@ class Pipeline:
         hold: UrgentHold | None = None,
     ) -> None:
         """Answer ``message`` as ``scenario`` in ``lane`` (both picked once, in :meth:`handle`)."""
-        request_id = message.request_id
         # Asked in an existing thread (before the reply may start one): then it is read back.
         in_thread = bool(message.thread_id) and message.thread_id != message.message_id
         if scenario in WHOLE_THREAD_SCENARIOS and not in_thread:
@@ -440,27 +439,7 @@ class Pipeline:
                 message, NO_THREAD_TEXT.format(what=scenario.replace("_", " ")), ephemeral=True
             )
             return
-        engine_name = self.engines.name_for(scenario)
-        record = RequestRecord(
-            request_id=request_id,
-            platform=message.platform,
-            channel=message.channel,
-            thread_id=message.thread_id,
-            user=message.user,
-            scenario=scenario,
-            lane=lane.value,
-            status="ok",
-            model=self.model_names.get(engine_name) or self.model_name,
-            engine=engine_name,
-        )
-        logger.info(
-            "%s/%s %s lane=%s engine=%s",
-            message.platform,
-            message.channel,
-            scenario,
-            lane.value,
-            engine_name,
-        )
+        record = self._new_record(message, scenario, lane)
         reply: ReplyStream | None = None
         # Nothing waits on the platform that need not: for an answer that starts its thread, the
         # cluster context is gathered, the prompt built and the request handed to the engine while
@@ -528,6 +507,25 @@ class Pipeline:
             _discard(early, prepared)  # an engine request nobody will read is aborted
             await self._finish_record(record, message)
             await adapter.conclude(message, ok=record.status == "ok")
+
+    def _new_record(self, message: IncomingMessage, scenario: str, lane: Lane) -> RequestRecord:
+        """The request row an answer fills in as it goes (status ``ok`` until something fails)."""
+        engine_name = self.engines.name_for(scenario)
+        logger.info(
+            "%s/%s %s lane=%s engine=%s", message.platform, message.channel, scenario, lane.value, engine_name
+        )
+        return RequestRecord(
+            request_id=message.request_id,
+            platform=message.platform,
+            channel=message.channel,
+            thread_id=message.thread_id,
+            user=message.user,
+            scenario=scenario,
+            lane=lane.value,
+            status="ok",
+            model=self.model_names.get(engine_name) or self.model_name,
+            engine=engine_name,
+        )
 
     async def _stalled(
         self,

@@ -161,6 +161,90 @@ class _ServerError(Exception):
         self.message = message
 
 
+@dataclass
+class _AnswerStream:
+    """What one answer's server-sent chunks have said so far: its text, tool calls, timings and the
+    server's usage, metrics and cache counts."""
+
+    chat: bool
+    """The chat route (deltas in ``delta.content``) rather than completions (``text``)."""
+    pieces: list[str] = field(default_factory=list)
+    first: float | None = None
+    last: float = 0.0
+    chunks: int = 0
+    finish: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    calls: dict[int, list[str]] = field(default_factory=dict)
+    """Tool calls streamed by the server: index -> [name, arguments text so far]."""
+    server_metrics: dict[str, Any] = field(default_factory=dict)
+    cache_n: int | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> list[str]:
+        """The text deltas one chunk brings, in order; an empty one marks the first token (of text
+        or of a tool call), so admission can end the request's prefill there."""
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if isinstance(chunk.get("metrics"), dict):
+            self.server_metrics = chunk["metrics"]
+        timings = chunk.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+            self.cache_n = timings["cache_n"]
+        deltas: list[str] = []
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if _add_tool_call(choice, self.calls) and self._tick():
+                deltas.append("")
+            text, is_token = _token_of(choice, self.chat)
+            if choice.get("finish_reason"):
+                self.finish = str(choice["finish_reason"])
+            if not is_token:
+                continue
+            if self._tick() or text:
+                self.pieces.append(text)
+                deltas.append(text)
+        return deltas
+
+    def _tick(self) -> bool:
+        """Count one token-bearing chunk; whether it is the answer's first."""
+        self.chunks += 1
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first = self.last
+            return True
+        return False
+
+    def result(self, rid: str, sent_ids: int | None, t0: float, *, tools: bool) -> GenerationResult:
+        """The finished answer: counts from the server's usage where it sent them, else our own."""
+        t_end = time.perf_counter()
+        usage = self.usage
+        details = usage.get("prompt_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        queue_ms = self.server_metrics.get("queue_time_ms")
+        text = "".join(self.pieces)
+        if tools:
+            # One decision in the shape every engine gives (inference.tool_calls): the first call,
+            # or the final answer when the model called nothing.
+            first_call = self.calls[min(self.calls)] if self.calls else None
+            if first_call is not None:
+                text = tool_calls.decision_text(first_call[0], first_call[1])
+            else:
+                text = tool_calls.decision_text(tool_calls.FINAL_ANSWER, {})
+        first, chunks = self.first, self.chunks
+        return GenerationResult(
+            request_id=rid,
+            text=text,
+            finish_reason=self.finish or "stop",
+            prompt_tokens=_int(usage.get("prompt_tokens")) or sent_ids or 0,
+            cached_tokens=cached if cached is not None else (self.cache_n or 0),
+            output_tokens=_int(usage.get("completion_tokens")) or chunks,
+            queue_ms=float(queue_ms) if isinstance(queue_ms, int | float) else 0.0,
+            ttft_ms=None if first is None else (first - t0) * 1e3,
+            tpot_ms=(self.last - first) * 1e3 / (chunks - 1) if first is not None and chunks > 1 else None,
+            e2e_ms=(t_end - t0) * 1e3,
+        )
+
+
 @dataclass(eq=False)
 class _Call:
     """One request in flight: what ``abort`` needs to stop it."""
@@ -707,19 +791,9 @@ class OpenAIEngine(Engine):
         call = _Call(rid, request.lane)
         self._active[rid] = call
         self._idle.clear()
-        pieces: list[str] = []
-        first: float | None = None
-        last = t0
-        chunks = 0
-        finish: str | None = None
-        usage: dict[str, Any] = {}
-        calls: dict[int, list[str]] = {}
-        """Tool calls streamed by the server: index -> [name, arguments text so far]."""
-        server_metrics: dict[str, Any] = {}
-        cache_n: int | None = None
+        stream = _AnswerStream(chat=path.endswith("chat/completions"))
         done = False
         response: aiohttp.ClientResponse | None = None
-        chat = path.endswith("chat/completions")
         try:
             try:
                 response = await self._until_aborted(
@@ -742,38 +816,9 @@ class OpenAIEngine(Engine):
                     chunk = _loads(data)
                     if "error" in chunk:
                         raise _stream_error(chunk["error"], rid)
-                    if isinstance(chunk.get("usage"), dict):
-                        usage = chunk["usage"]
-                    if isinstance(chunk.get("metrics"), dict):
-                        server_metrics = chunk["metrics"]
-                    timings = chunk.get("timings")
-                    if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-                        cache_n = timings["cache_n"]
-                    for choice in chunk.get("choices") or ():
-                        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                            continue
-                        if _add_tool_call(choice, calls):
-                            chunks += 1
-                            last = time.perf_counter()
-                            if first is None:
-                                first = last
-                                call.first_token = True
-                                yield TextDelta("")
-                        text, is_token = _token_of(choice, chat)
-                        if choice.get("finish_reason"):
-                            finish = str(choice["finish_reason"])
-                        if not is_token:
-                            continue
-                        chunks += 1
-                        last = time.perf_counter()
-                        if first is None:
-                            first = last
-                            call.first_token = True
-                            pieces.append(text)
-                            yield TextDelta(text)
-                        elif text:
-                            pieces.append(text)
-                            yield TextDelta(text)
+                    for delta in stream.feed(chunk):
+                        call.first_token = True
+                        yield TextDelta(delta)
             except RequestAbortedError:
                 raise
             except TimeoutError as exc:  # aiohttp's ServerTimeoutError too: sock_read ran out
@@ -792,13 +837,13 @@ class OpenAIEngine(Engine):
                 raise EngineDeadError(reason) from exc
             if call.aborted is not None:
                 raise RequestAbortedError(f"request {rid} was {call.aborted}")
-            if not done and finish is None:
+            if not done and stream.finish is None:
                 reason = (
                     f"the model server at {self.base_url} ended the stream before the answer was complete"
                 )
                 self._server_lost(reason)
                 raise EngineDeadError(reason)
-            if finish == "abort":
+            if stream.finish == "abort":
                 raise RequestAbortedError(f"request {rid} was aborted by the model server")
         finally:
             if response is not None:
@@ -811,33 +856,7 @@ class OpenAIEngine(Engine):
                 self._idle.set()
         if not self._server_ok and self._state == "ready":
             self._set_server(True, "")  # a complete answer is proof enough
-        t_end = time.perf_counter()
-        prompt_tokens = _int(usage.get("prompt_tokens")) or sent_ids or 0
-        output_tokens = _int(usage.get("completion_tokens")) or chunks
-        details = usage.get("prompt_tokens_details")
-        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-        queue_ms = server_metrics.get("queue_time_ms")
-        text = "".join(pieces)
-        if request.tools:
-            # One decision in the shape every engine gives (inference.tool_calls): the first call,
-            # or the final answer when the model called nothing.
-            first_call = calls[min(calls)] if calls else None
-            if first_call is not None:
-                text = tool_calls.decision_text(first_call[0], first_call[1])
-            else:
-                text = tool_calls.decision_text(tool_calls.FINAL_ANSWER, {})
-        yield GenerationResult(
-            request_id=rid,
-            text=text,
-            finish_reason=finish or "stop",
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached if cached is not None else (cache_n or 0),
-            output_tokens=output_tokens,
-            queue_ms=float(queue_ms) if isinstance(queue_ms, int | float) else 0.0,
-            ttft_ms=None if first is None else (first - t0) * 1e3,
-            tpot_ms=(last - first) * 1e3 / (chunks - 1) if first is not None and chunks > 1 else None,
-            e2e_ms=(t_end - t0) * 1e3,
-        )
+        yield stream.result(rid, sent_ids, t0, tools=bool(request.tools))
 
     async def _until_aborted(self, call: _Call, awaitable: Awaitable[_T]) -> _T:
         """``awaitable``'s result, or :class:`RequestAbortedError` as soon as ``call`` is aborted."""

@@ -19,6 +19,7 @@ import logging
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -26,10 +27,10 @@ from bot.analyze.job import JobSpec, Prepared, execute, finish, prepare
 from bot.analyze.post import PostingAdapter, parse_target, post_summary
 from bot.analyze.progress import progress_for
 from bot.analyze.readers import describe_bad_lines, read_path
-from bot.analyze.report import summarised_text
+from bot.analyze.report import ReportFiles, summarised_text
 from bot.analyze.results import ResultLog, run_id
-from bot.analyze.runner import BatchRunner, EngineExecutor, Executor, OfflineExecutor
-from bot.config import Settings
+from bot.analyze.runner import BatchRunner, EngineExecutor, Executor, OfflineExecutor, RunSummary
+from bot.config import AnalyzeSettings, Settings
 from bot.engine_factory import build_engine, pick_backend, resolve_model
 from bot.prompts import PromptBuilder, load_system_prompt
 from bot.store import Store
@@ -45,17 +46,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
     """The command (see the module doc); returns the exit status."""
     target = parse_target(args.post) if args.post else None
     cfg = settings.analyze
-    spec = JobSpec(
-        input_name=Path(args.input).name or str(args.input),
-        scenario=args.scenario,
-        out_dir=Path(args.out),
-        since=args.since,
-        until=args.until,
-        max_tokens=args.max_tokens or cfg.max_tokens,
-        max_groups=args.max_groups or cfg.max_groups,
-        max_group_lines=cfg.max_group_lines,
-        instance_labels=cfg.instance_labels,
-    )
+    spec = _job_spec(args, cfg)
     read = await asyncio.to_thread(read_path, Path(args.input), args.format)
     for line in describe_bad_lines(read.bad_lines):
         err.print(f"[yellow]skipped[/yellow] {line}", highlight=False, markup=True, soft_wrap=True)
@@ -139,11 +130,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
         summary = await execute(prepared, runner, make_executor, stop)
         report, files = await asyncio.to_thread(finish, prepared, runner, summary, model)
         if target is not None and not summary.interrupted:
-            async with PostingAdapter(settings, target[0], store) as adapter:
-                thread = await post_summary(adapter, target[1], report, report_path=str(files.markdown))
-            err.print(
-                f"[dim]summary posted to {args.post} (thread {thread})[/dim]", highlight=False, soft_wrap=True
-            )
+            await _post(settings, target, store, report, str(files.markdown), err)
     finally:
         restore()
         if offline is not None:
@@ -152,6 +139,38 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
             await engine.shutdown(drain_timeout_s=5.0)
         if store is not None:
             await store.close()
+    return _say_outcome(summary, report, files, out=out, err=err)
+
+
+async def _post(
+    settings: Settings, target: tuple[str, str], store: Store, report: dict[str, Any], path: str, err: Console
+) -> None:
+    """Post the report's summary into a new thread of ``target`` (platform, channel)."""
+    async with PostingAdapter(settings, target[0], store) as adapter:
+        thread = await post_summary(adapter, target[1], report, report_path=path)
+    where = f"{target[0]}:{target[1]}"
+    err.print(f"[dim]summary posted to {where} (thread {thread})[/dim]", highlight=False, soft_wrap=True)
+
+
+def _job_spec(args: argparse.Namespace, cfg: AnalyzeSettings) -> JobSpec:
+    """The job the command line and ``[analyze]`` describe."""
+    return JobSpec(
+        input_name=Path(args.input).name or str(args.input),
+        scenario=args.scenario,
+        out_dir=Path(args.out),
+        since=args.since,
+        until=args.until,
+        max_tokens=args.max_tokens or cfg.max_tokens,
+        max_groups=args.max_groups or cfg.max_groups,
+        max_group_lines=cfg.max_group_lines,
+        instance_labels=cfg.instance_labels,
+    )
+
+
+def _say_outcome(
+    summary: RunSummary, report: dict[str, Any], files: ReportFiles, *, out: Console, err: Console
+) -> int:
+    """What this run did, where the report is, and the exit status (interrupted, failed items, ok)."""
     totals = report["totals"]
     out.print(
         f"{summary.finished} items this run ({summary.items_per_s:.2f} items/s, "

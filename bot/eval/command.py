@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from bot.config import ConfigError, Settings
-from bot.eval.cases import BUILTIN_CASES, CaseError, load_cases
+from bot.eval.cases import BUILTIN_CASES, CaseError, EvalCase, load_cases
 from bot.eval.feedback import export_lines
 from bot.eval.report import build_report, case_line, render_markdown, summary_line
 from bot.eval.runner import EvalRunner, PromptTap, scenario_overrides
@@ -64,6 +64,22 @@ def apply_engine_config(settings: Settings, path: Path) -> Settings:
     return settings.model_copy(update=update)
 
 
+def _chosen_cases(paths: list[Path], chosen: list[str] | None) -> list[EvalCase]:
+    """The cases in ``paths``, only those ``--case`` names when it is given; :class:`CaseError`
+    for a file that does not parse or a named case that is not there."""
+    cases = load_cases(paths)
+    if not chosen:
+        return cases
+    known = {c.id for c in cases}
+    missing = [c for c in chosen if c not in known]
+    if missing:
+        raise CaseError(
+            f"no case {', '.join(missing)} in {', '.join(map(str, paths))} "
+            f"(there are {len(cases)}: {', '.join(sorted(known))[:400]})"
+        )
+    return [c for c in cases if c.id in set(chosen)]
+
+
 async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console, err: Console) -> int:
     """The ``opsbot eval`` command (see the module doc); returns the exit status."""
     from bot.engine_factory import build_engine, pick_backend, resolve_model
@@ -84,22 +100,10 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
         )
     paths = list(args.cases) or [BUILTIN_CASES]
     try:
-        cases = load_cases(paths)
+        cases = _chosen_cases(paths, args.case)
     except CaseError as exc:
         err.print(f"opsbot: error: {exc}", markup=False, soft_wrap=True)
         return EXIT_USAGE
-    if args.case:
-        known = {c.id for c in cases}
-        missing = [c for c in args.case if c not in known]
-        if missing:
-            err.print(
-                f"opsbot: error: no case {', '.join(missing)} in {', '.join(map(str, paths))} "
-                f"(there are {len(cases)}: {', '.join(sorted(known))[:400]})",
-                markup=False,
-                soft_wrap=True,
-            )
-            return EXIT_USAGE
-        cases = [c for c in cases if c.id in set(args.case)]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)

@@ -251,6 +251,26 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _loop_lines(loop: Mapping[str, Any] | None) -> list[str]:
+    """The investigation loop's totals (nothing when the loop was off)."""
+    if not loop:
+        return []
+    return [
+        "## Investigation loop",
+        "",
+        "| measure | result |",
+        "|---|---|",
+        f"| decisions that parse and name an offered tool | {loop['calls_parsed']}/{loop['calls']} |",
+        f"| tool calls run / model steps | {loop['tool_calls']} / {loop['steps']} |",
+        f"| cached prompt tokens / previous step's prompt, min / mean | "
+        f"{_pct(loop['cached_of_previous_min'])} / {_pct(loop['cached_of_previous_mean'])} |",
+        f"| steps with ≥ 90 % cached | {loop['steps_at_or_over_90pct']}/{loop['steps_compared']} |",
+        f"| root-cause entity score, mean (ITBench-AA style) | {loop['root_cause_score_mean']} over "
+        f"{loop['root_cause_cases']} cases |",
+        "",
+    ]
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The Markdown report."""
     t, e, hw = report["totals"], report["engine"], report["hardware"]
@@ -289,22 +309,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"| output tokens | {t['output_tokens']} |",
         "",
     ]
-    loop = t.get("loop")
-    if loop:
-        lines += [
-            "## Investigation loop",
-            "",
-            "| measure | result |",
-            "|---|---|",
-            f"| decisions that parse and name an offered tool | {loop['calls_parsed']}/{loop['calls']} |",
-            f"| tool calls run / model steps | {loop['tool_calls']} / {loop['steps']} |",
-            f"| cached prompt tokens / previous step's prompt, min / mean | "
-            f"{_pct(loop['cached_of_previous_min'])} / {_pct(loop['cached_of_previous_mean'])} |",
-            f"| steps with ≥ 90 % cached | {loop['steps_at_or_over_90pct']}/{loop['steps_compared']} |",
-            f"| root-cause entity score, mean (ITBench-AA style) | {loop['root_cause_score_mean']} over "
-            f"{loop['root_cause_cases']} cases |",
-            "",
-        ]
+    lines += _loop_lines(t.get("loop"))
     if t["invalid_cases"]:
         lines += [
             "Cases that expect a fact their own served state does not hold (fix the case): "

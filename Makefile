@@ -15,7 +15,7 @@ LLAMA_CPP_VERSION := 0.3.36
 WHEEL_CACHE ?= $(HOME)/.cache/opsbot/wheels
 LLAMA_WHEEL := $(WHEEL_CACHE)/.llama-cpp-python-$(LLAMA_CPP_VERSION).built
 
-.PHONY: run test lint install install-dev clean llama-wheel
+.PHONY: run chat test lint install install-dev clean llama-wheel
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit("opsbot needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -55,8 +55,15 @@ install: $(VENV)/.installed-$(ENGINE_EXTRA)
 
 install-dev: $(VENV)/.installed-dev
 
-## Start opsbot in the terminal on embedded defaults (SQLite, llama.cpp or CPU engine, SmolLM2-135M).
+## Start opsbot in the terminal on embedded defaults (SQLite, llama.cpp or CPU engine, SmolLM2-135M),
+## on a built-in demo incident (in-process Kubernetes and Prometheus APIs: no cluster needed).
 run: install
+	@echo "opsbot: a built-in demo incident (opsbot chat --demo [CASE]; CASE: any id in bot/eval/cases)."
+	@echo "        Your own cluster: enable [kubernetes] / [prometheus] in opsbot.toml, then make chat."
+	$(BIN)/opsbot chat --demo
+
+## The same terminal chat on your own configuration (opsbot.toml, OPSBOT_* variables).
+chat: install
 	$(BIN)/opsbot chat
 
 ## Lint, type-check and run the whole test suite (GPU tests skip without CUDA).

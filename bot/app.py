@@ -14,12 +14,14 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from bot.actions.service import ActionService
 from bot.adapters.alertmanager import AlertmanagerReceiver
 from bot.adapters.base import ChatAdapter, MessageSink
 from bot.analyze.service import AnalyzeService
@@ -27,6 +29,7 @@ from bot.claims import ClaimSweeper
 from bot.config import Settings
 from bot.context.gatherer import ContextGatherer
 from bot.engine_factory import build_engine_set
+from bot.errors import StartupError
 from bot.event_loop import running_loop_name
 from bot.http import build_http_app, start_http
 from bot.pipeline import Pipeline
@@ -66,20 +69,30 @@ class OpsBot:
         self.adapters: list[ChatAdapter] = []
         self.http_runner: web.AppRunner | None = None
         self.http_port: int | None = None
+        self._http_socket: socket.socket | None = None
         self.alert_receiver: AlertmanagerReceiver | None = None
         self.analyze: AnalyzeService | None = None
         self.sweeper: ClaimSweeper | None = None
+        self.actions: ActionService | None = None
         self._stop = asyncio.Event()
         self.exit_code = 0
 
-    async def start_core(self, engines_built: tuple[EngineSet, dict[str, str]] | None = None) -> Pipeline:
+    async def start_core(
+        self,
+        engines_built: tuple[EngineSet, dict[str, str]] | None = None,
+        *,
+        before_engine: Callable[[], Awaitable[None]] | None = None,
+    ) -> Pipeline:
         """Store, engine, context and pipeline (what ``opsbot chat`` needs). ``engines_built``: an
         engine set made elsewhere and its models by name (a worker's, over the bridge to the
-        engine host) instead of the configured engines."""
+        engine host) instead of the configured engines. ``before_engine``: checks that need the
+        store and must fail before the model loads (``opsbot run``'s port and platform tokens)."""
         s = self.settings
         self.progress(f"event loop: {running_loop_name()}")
         self.progress(f"opening the database {s.masked()['store']['url']} ...")
         self.store = await Store.open(s.store_url, s.store, upgrade=s.store.auto_upgrade)
+        if before_engine is not None:
+            await before_engine()
         if engines_built is None:
             engines_built = build_engine_set(s, progress=self.progress, on_fatal=self._engine_fatal)
         engines, models = engines_built
@@ -102,6 +115,9 @@ class OpsBot:
         }
         self.progress(f"engine{'s' if len(names) > 1 else ''} ready in {time.perf_counter() - t0:.1f} s")
         self.context = ContextGatherer.from_settings(s)
+        if s.actions.enabled:
+            # Its own credentials and clients; the engine and the context gatherer never see them.
+            self.actions = ActionService(s.actions, self.store)
         # The SLO guard tunes one admission controller: the default engine's.
         self.slo = SloGuard.for_engine(s.slo, engines.get(engines.default))
         if self.slo is not None:
@@ -120,8 +136,23 @@ class OpsBot:
             urgent_first=UrgentFirst(s.admission.urgent_first_wait_s),
             answer=s.answer,
             investigator=self._investigator(),
+            actions=self.actions,
         )
         return self.pipeline
+
+    def reserve_http(self) -> None:
+        """Bind the HTTP port now, before the model loads: a taken port fails in a second, not after
+        minutes of loading (:meth:`start_service` serves on this socket)."""
+        h = self.settings.http
+        if not h.enabled or self._http_socket is not None:
+            return
+        try:
+            self._http_socket = socket.create_server((h.host, h.port), backlog=128)
+        except OSError as exc:
+            raise StartupError(
+                f"http.port {h.port} on {h.host} cannot be bound: {exc.strerror or exc}. Fix: set http.port "
+                "(OPSBOT_HTTP__PORT) to a free port, stop what holds it, or http.enabled = false"
+            ) from None
 
     def _investigator(self) -> Investigator | None:
         """The investigation loop over the gatherer's clients (``None`` when ``[investigate]`` is off;
@@ -156,8 +187,15 @@ class OpsBot:
                 max_body_bytes=self.settings.http.max_body_bytes,
             )
             self.http_runner, self.http_port = await start_http(
-                app, self.settings.http.host, self.settings.http.port
+                app, self.settings.http.host, self.settings.http.port, sock=self._http_socket
             )
+            self._http_socket = None  # the server owns it now
+        if self.actions is not None:
+            for adapter in adapters:
+                if hasattr(adapter, "post_card"):
+                    adapter.actions = self.actions  # type: ignore[attr-defined]
+            self.actions.attach({a.platform: a for a in adapters if hasattr(a, "post_card")})  # type: ignore[misc]
+            self.actions.start()
         for adapter in adapters:
             await adapter.start(submit_to(pipeline, adapter))
             self.adapters.append(adapter)
@@ -224,9 +262,14 @@ class OpsBot:
             self.analyze.stop()  # batch analyses stop at once; what they finished is kept
         if self.pipeline is not None:
             await self.pipeline.drain(self.settings.engine.drain_timeout_s)
+        if self.actions is not None:
+            await self.actions.drain(5.0)  # a verification in flight may still post its outcome
+            await self.actions.close()
         await self._each_adapter("close")
         if self.http_runner is not None:
             await self.http_runner.cleanup()
+        if self._http_socket is not None:  # reserved, never served (start-up stopped first)
+            self._http_socket.close()
         if self.slo is not None:
             await self.slo.stop()
         if self.engine is not None:

@@ -3,6 +3,7 @@ export, version.
 
 Every expected failure (bad configuration, unreachable database, missing model, unknown flag)
 ends with one line on stderr and a non-zero exit code, never a traceback; ``--debug`` shows it.
+``--debug``, ``--version`` and ``--config FILE`` are understood anywhere on the command line.
 """
 
 from __future__ import annotations
@@ -11,18 +12,22 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 
 from bot import __version__, event_loop
-from bot.config import ConfigError, Settings, load_settings
+from bot.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
+
+if TYPE_CHECKING:  # the demo pulls in the eval's cases and servers: only `chat --demo` loads it
+    from bot.eval.demo import Demo
 
 logger = logging.getLogger("opsbot")
 
@@ -84,14 +89,61 @@ def parse_dimensions(text: str) -> tuple[str, ...]:
     return names
 
 
+GlobalFlags = tuple[bool, bool, str | None]
+"""``--debug``, ``--version`` and ``--config FILE`` as found anywhere on a command line."""
+
+
+def split_global_flags(argv: Sequence[str]) -> tuple[list[str], GlobalFlags]:
+    """``argv`` without the flags every command takes wherever they stand (``opsbot chat --debug``,
+    ``opsbot --config x.toml run``), and their values; a ``--config`` without its file is left in
+    for the parser to report."""
+    rest: list[str] = []
+    debug = version = False
+    config: str | None = None
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--debug":
+            debug = True
+        elif arg == "--version":
+            version = True
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            config = args[i + 1]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, (debug, version, config)
+
+
 def build_parser() -> OneLineParser:
     """The command-line grammar."""
     parser = OneLineParser(prog="opsbot", description="ChatOps incident assistant with an in-process LLM.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    # Taken from anywhere on the line before parsing (split_global_flags); listed here for --help.
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs (on stderr)")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"the configuration file (default: ${CONFIG_FILE_ENV} or opsbot.toml)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     sub.add_parser("run", help="run the configured chat adapters and the HTTP server")
-    sub.add_parser("chat", help="talk to opsbot in this terminal (full pipeline, one thread per session)")
+    chat = sub.add_parser(
+        "chat", help="talk to opsbot in this terminal (full pipeline, one thread per session)"
+    )
+    chat.add_argument(
+        "--demo",
+        nargs="?",
+        const="",
+        metavar="CASE",
+        help="a built-in incident served by in-process Kubernetes and Prometheus APIs, no cluster "
+        "needed (CASE: an `opsbot eval` case id; default: a worker that is OOMKilled)",
+    )
     stats = sub.add_parser(
         "stats", help="latency percentiles, errors, prefix-cache reuse, TTFT histogram, plots"
     )
@@ -137,7 +189,7 @@ def build_parser() -> OneLineParser:
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", parser_class=OneLineParser)
     config_sub.required = True
     show = config_sub.add_parser("show", help="print the effective configuration, secrets masked")
-    show.add_argument("--json", action="store_true", help="JSON instead of TOML-like text")
+    show.add_argument("--json", action="store_true", help="JSON instead of TOML")
     analyze = sub.add_parser(
         "analyze", help="batch analysis of alerts, Kubernetes events or logs: grouped summaries and a report"
     )
@@ -206,6 +258,21 @@ def build_parser() -> OneLineParser:
     export.add_argument(
         "--rating", choices=["all", "up", "down"], default="all", help="liked, disliked or all rated answers"
     )
+    audit = sub.add_parser("audit", help="proposed actions: who approved what, when, with what result")
+    audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", parser_class=OneLineParser)
+    audit_sub.required = True
+    for name, text in (("list", "one line per proposal"), ("export", "every proposal with its trail")):
+        one = audit_sub.add_parser(name, help=text)
+        one.add_argument(
+            "--since", type=parse_moment, default=timedelta(days=30), help="as for stats; default 30d"
+        )
+        one.add_argument(
+            "--state", choices=["proposed", "approving", "applied", "failed", "rejected", "expired"]
+        )
+        one.add_argument("--limit", type=int, default=10_000, help="most proposals (newest first)")
+        if name == "export":
+            one.add_argument("--format", choices=["json", "csv"], default="json")
+            one.add_argument("--out", default="-", help="file to write (default: stdout)")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -221,8 +288,22 @@ def _when(text: str) -> datetime:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opsbot`` console script."""
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    rest, (debug, version, config) = split_global_flags(given)
+    if version:
+        Console(highlight=False).print(f"opsbot {__version__}")
+        return 0
+    if config is not None:
+        if not Path(config).is_file():
+            sys.stderr.write(
+                f"opsbot: --config {config}: no such file. Fix: give the path of an opsbot.toml\n"
+            )
+            return EXIT_USAGE
+        # Through the environment, so a supervised or worker process started from here reads it too.
+        os.environ[CONFIG_FILE_ENV] = config
+    args = build_parser().parse_args(rest)
+    args.debug = debug
+    args.argv = given
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return _dispatch(args, err)
@@ -258,7 +339,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     except ConfigError as exc:
         err.print(f"opsbot: {exc}", markup=False)
         return EXIT_USAGE
-    _setup_logging(settings, debug=args.debug)
+    _setup_logging(settings, debug=args.debug, command=args.command)
     try:
         event_loop.resolve(settings.event_loop)  # before any coroutine exists to leave un-awaited
     except event_loop.EventLoopUnavailable as exc:
@@ -271,7 +352,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "stats":
         return event_loop.run(_stats(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "chat":
-        return event_loop.run(_chat(settings, err), settings.event_loop)
+        return event_loop.run(_chat(settings, args.demo, err, debug=args.debug), settings.event_loop)
     if args.command == "run":
         from bot import workers
 
@@ -290,6 +371,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
         from bot.eval.command import export_feedback
 
         return event_loop.run(export_feedback(settings, args, out=out, err=err), settings.event_loop)
+    if args.command == "audit":
+        from bot.actions.command import run_audit
+
+        return event_loop.run(run_audit(settings, args, out=out), settings.event_loop)
     if args.command == "analyze":
         from bot.analyze.command import run_analyze
 
@@ -320,37 +405,35 @@ def _worker_progress(err: Console) -> Callable[[str], None]:
     return lambda line: err.print(f"[dim]{name}: {line}[/dim]", highlight=False)
 
 
-def _setup_logging(settings: Settings, *, debug: bool) -> None:
-    from bot.config import deprecation_notes
+def chat_log_path(settings: Settings) -> Path:
+    """Where ``opsbot chat`` writes its log (``log_file``, else ``chat.log`` in ``data_dir``)."""
+    return settings.log_file or settings.data_dir / "chat.log"
+
+
+def _setup_logging(settings: Settings, *, debug: bool, command: str) -> None:
+    from bot.config import deprecation_notes, unknown_env_notes
     from bot.logs import setup_logging
 
-    setup_logging("DEBUG" if debug else settings.log_level, as_json=settings.log_json)
-    for note in deprecation_notes():
+    if debug:
+        path = None  # --debug: everything, on stderr, wherever it would have gone
+    elif command == "chat":
+        path = chat_log_path(settings)  # the terminal holds the conversation
+    else:
+        path = settings.log_file
+    setup_logging("DEBUG" if debug else settings.log_level, as_json=settings.log_json, path=path)
+    for note in deprecation_notes() + unknown_env_notes():
         logger.warning("%s", note)
 
 
 def _config_show(settings: Settings, *, as_json: bool, out: Console) -> int:
-    data = settings.masked()
+    from bot.config_show import show_toml
+
     if as_json:
-        out.print_json(json.dumps(data))
+        out.print_json(json.dumps(settings.masked()))
         return 0
-    out.print("\n".join(_toml_lines(data)), markup=False)
+    # Plain print: rich would wrap long lines, and a wrapped line is no longer TOML.
+    sys.stdout.write(show_toml(settings))
     return 0
-
-
-def _toml_lines(data: dict[str, Any], prefix: str = "") -> list[str]:
-    """A readable TOML-like rendering of nested settings (top-level keys, then [sections])."""
-    lines: list[str] = []
-    tables: list[tuple[str, dict[str, Any]]] = []
-    for key, value in data.items():
-        if isinstance(value, dict) and value and all(not isinstance(v, list) for v in value.values()):
-            tables.append((f"{prefix}{key}", value))
-        else:
-            lines.append(f"{key} = {json.dumps(value)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.extend(_toml_lines(table, prefix=f"{name}."))
-    return lines
 
 
 async def _db(settings: Settings, args: argparse.Namespace, out: Console) -> int:
@@ -407,20 +490,65 @@ async def _stats(settings: Settings, args: argparse.Namespace, *, out: Console, 
     return 0
 
 
-async def _chat(settings: Settings, err: Console) -> int:
+async def _chat(settings: Settings, demo_case: str | None, err: Console, *, debug: bool = False) -> int:
+    """``opsbot chat``, or with ``--demo`` a built-in incident's chat (:mod:`bot.eval.demo`)."""
+    if demo_case is None:
+        return await _chat_session(settings, err, debug=debug)
+    from bot.eval.cases import CaseError
+    from bot.eval.demo import DEFAULT_CASE, demo
+
+    try:
+        async with demo(settings, demo_case or DEFAULT_CASE) as running:
+            return await _chat_session(running.settings, err, demo=running, debug=debug)
+    except CaseError as exc:
+        err.print(f"opsbot: {exc}", markup=False)
+        return EXIT_USAGE
+
+
+async def _chat_session(
+    settings: Settings, err: Console, demo: Demo | None = None, *, debug: bool = False
+) -> int:
+    """The REPL: start-up on one status line, the banner, then the conversation."""
     from bot.adapters.console import ConsoleAdapter
     from bot.app import OpsBot, submit_to
+    from bot.banner import check_sources, model_line, sources_line
+    from inference.testmodel import is_test_model
 
-    bot = OpsBot(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]", highlight=False))
+    # Start-up says what it does on one line that each step replaces (a spinner on a terminal).
+    with err.status("starting opsbot ...") as status:
+
+        def progress(line: str) -> None:
+            status.update(line)
+            logger.info("%s", line)  # the log keeps what the status line showed
+
+        bot = OpsBot(settings, progress=progress)
+        try:
+            pipeline = await bot.start_core()
+            status.update("checking the context sources ...")
+            checks = await check_sources(bot.context.providers if bot.context else [])
+        except BaseException:
+            await bot.shutdown()
+            raise
     try:
-        pipeline = await bot.start_core()
-        adapter = ConsoleAdapter()
+        model = bot.models.get(pipeline.engines.default, "")
+        backend = pipeline.engine.stats().backend
+        lines = [
+            f"[bold]opsbot {__version__} chat[/bold]",
+            model_line(model, backend, random_weights=is_test_model(Path(model), "tiny")),
+            sources_line(checks, demo=demo is not None),
+            "log: on this screen (--debug)"
+            if debug
+            else f"log: {chat_log_path(settings)} (--debug: on this screen)",
+        ]
+        if demo is not None:
+            lines.append(f"demo incident: {demo.case.title} (built-in case {demo.case.id}; nothing is real)")
+        lines.append("ask a question; follow-ups keep the thread; /rca <question>, /rca status, /quit")
+        for line in lines:
+            err.print(line, highlight=False, markup=line.startswith("[bold]"))
+        adapter = ConsoleAdapter(history_file=settings.data_dir / "chat_history")
         await adapter.start(submit_to(pipeline, adapter))
-        err.print(
-            "[bold]opsbot chat[/bold] — ask a question; follow-ups keep the thread; "
-            "/rca <question>, /rca status, /quit",
-            highlight=False,
-        )
+        if demo is not None:
+            await adapter.ask(demo.question)
         await adapter.repl()
     finally:
         await bot.shutdown()
@@ -428,6 +556,7 @@ async def _chat(settings: Settings, err: Console) -> int:
 
 
 async def _run(settings: Settings, err: Console) -> int:
+    from bot.adapters.base import ChatAdapter
     from bot.adapters.registry import build_adapters
     from bot.app import OpsBot
 
@@ -440,12 +569,28 @@ async def _run(settings: Settings, err: Console) -> int:
         return await run_engine_host(settings, progress)
     bot = OpsBot(settings, progress=progress)
     bot.install_signal_handlers()
+    adapters: list[ChatAdapter] = []
+
+    async def preflight() -> None:
+        # What a user can get wrong fails now, in a second, not after the model has loaded.
+        bot.reserve_http()
+        assert bot.store is not None
+        adapters.extend(build_adapters(settings, bot.store))
+        checked: list[ChatAdapter] = []
+        try:
+            for adapter in adapters:
+                progress(f"checking the {adapter.platform} credentials ...")
+                await adapter.preflight()
+                checked.append(adapter)
+        except BaseException:
+            for adapter in checked:  # their sessions are open; nothing else will close them
+                await adapter.close()
+            raise
+
     try:
-        await bot.start_core()
+        await bot.start_core(before_engine=preflight)
         if bot.stop_requested:  # SIGTERM while the engine loaded: no platform connections to undo
             return bot.exit_code
-        assert bot.store is not None
-        adapters = build_adapters(settings, bot.store)
         if not adapters:
             err.print(
                 "no chat platform enabled (slack.enabled / mattermost.enabled): serving HTTP only; "

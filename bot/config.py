@@ -9,10 +9,11 @@ and are only unwrapped where a client needs them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -203,7 +204,9 @@ class StoreSettings(ConfigSection):
 
     url: str | None = None
     """SQLAlchemy async URL: ``sqlite+aiosqlite:///path.db`` or
-    ``postgresql+asyncpg://user@host/db``. Unset: ``opsbot.db`` in ``data_dir``."""
+    ``postgresql+asyncpg://user@host/db``. Unset: ``opsbot.db`` in ``data_dir``. A URL without the
+    async driver (``postgres://``, ``postgresql://``, ``sqlite:///``, as libpq, Heroku or a
+    Kubernetes secret write it) is taken with the driver added, and the start-up log says so."""
     auto_upgrade: bool = True
     """Run Alembic migrations up to head at start."""
     buffer_size: int = Field(10_000, ge=1)
@@ -227,6 +230,11 @@ class StoreSettings(ConfigSection):
         return _move_renamed(
             "store", data, {"retry_initial_s": "retry.initial_s", "retry_max_s": "retry.max_s"}
         )
+
+    @field_validator("url")
+    @classmethod
+    def _async_driver(cls, url: str | None) -> str | None:
+        return with_async_driver(url) if url else url
 
 
 class HttpSettings(ConfigSection):
@@ -604,6 +612,74 @@ class ThreadSettings(ConfigSection):
     """Characters kept of one message (a pasted log is cut, and says so)."""
 
 
+class ActionPolicySettings(ConfigSection):
+    """Who may approve proposed actions in some channels (``[[actions.policies]]``)."""
+
+    match: list[str] = Field(min_length=1)
+    """Channel ids or, starting with ``#``, shell-style patterns of channel names (as in
+    ``[[scope.channels]]``); the first policy that matches a channel decides."""
+    platform: Literal["slack", "mattermost", "console"] | None = None
+    """Only channels of this platform (unset: any)."""
+    approvers: list[str] = Field(default_factory=list)
+    """Who may approve: platform user ids (Slack ``U0123``, Mattermost user ids), ``@group`` (a
+    name in ``actions.groups``) and ``asker`` (whoever the proposal was made for). Empty: nobody
+    (cards are shown, every click is refused)."""
+    actions: list[str] = Field(default_factory=list)
+    """Action kinds these channels may propose (``rollout_restart``, ``rollback``, ``scale``,
+    ``delete_pod``, ``cordon``, ``uncordon``, ``silence``, ``expire_silence``); empty: all."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces actions here may touch (empty: any); cluster-scoped nodes are allowed only when
+    this is empty."""
+
+
+class ActionsSettings(ConfigSection):
+    """Approval-gated actions (``[actions]``): proposals become cards, a person approves, opsbot
+    applies with credentials of their own (never the read-only ones, never seen by the model)."""
+
+    enabled: bool = False
+    """Offer actions (``/rca propose ...``, proposal cards, Approve / Reject buttons)."""
+    kubeconfig: Path | None = None
+    """The kubeconfig of the *write* identity (a second file, e.g. for the ``opsbot-actions``
+    ServiceAccount of ``deploy/components/actions``); unset: that account's token file under
+    ``service_account_token`` below."""
+    context: str | None = None
+    """Context in ``kubeconfig`` (unset: its current context)."""
+    service_account_token: Path | None = None
+    """In-cluster: a projected token file of the write ServiceAccount (the pod's own token stays
+    the read-only one); used when ``kubeconfig`` is unset."""
+    alertmanager_url: str | None = None
+    """Alertmanager that silences are created in and expired from (``/api/v2/silences``)."""
+    alertmanager_token: SecretStr | None = None
+    """Bearer token for ``alertmanager_url``."""
+    secret: SecretStr | None = None
+    """HMAC key that signs every button's meaning (proposal, decision, digest of the action): a
+    click can be neither forged nor repointed at another proposal. Required when enabled."""
+    expiry_s: float = Field(900.0, gt=0)
+    """Seconds a proposal may be approved; later clicks are refused and the card says expired."""
+    timeout_s: float = Field(10.0, gt=0)
+    """Deadline of one write call (dry run or apply)."""
+    verify_s: float = Field(120.0, gt=0)
+    """Seconds after applying to watch the rollout, pod, node or silence before posting the outcome."""
+    verify_poll_s: float = Field(2.0, gt=0)
+    """Seconds between two looks while verifying."""
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    """Approver groups by name (``[actions.groups] sre = ["U0123", "U0456"]``), named in policies as
+    ``@sre``."""
+    policies: list[ActionPolicySettings] = Field(default_factory=list)
+    """Per-channel approval policies, first match wins; a channel no policy matches may see cards
+    but nobody may approve them."""
+
+    @model_validator(mode="after")
+    def _secret_when_enabled(self) -> ActionsSettings:
+        if self.enabled and self.secret is None:
+            raise ValueError("actions.secret is required when actions are enabled (it signs every button)")
+        for policy in self.policies:
+            for entry in policy.approvers:
+                if entry.startswith("@") and entry[1:] not in self.groups:
+                    raise ValueError(f"actions.policies: approver {entry!r} names no group in actions.groups")
+        return self
+
+
 class RunbookSettings(ConfigSection):
     """Runbooks as context for alert summaries and ``/rca`` on an alert."""
 
@@ -835,6 +911,10 @@ class Settings(BaseSettings):
     """Logging level."""
     log_json: bool = False
     """Log one JSON object per line (for log shippers) instead of text."""
+    log_file: Path | None = None
+    """File the log is appended to instead of stderr. Unset: stderr, except in ``opsbot chat``,
+    which writes ``chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
+    puts the log, at DEBUG, back on stderr)."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and
     macOS, with opsbot), else asyncio's; ``uvloop`` insists on it; ``asyncio`` keeps the standard
@@ -893,6 +973,8 @@ class Settings(BaseSettings):
     """Answers in flight (the watchdog)."""
     investigate: InvestigateSettings = Field(default_factory=InvestigateSettings)
     """The investigation loop (tool calls after the gathered context)."""
+    actions: ActionsSettings = Field(default_factory=ActionsSettings)
+    """Approval-gated actions (separate write credentials, per-channel approvers)."""
 
     @model_validator(mode="after")
     def _clusters_and_scopes_agree(self) -> Settings:
@@ -902,6 +984,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _engines_agree(self) -> Settings:
         check_engines(self)
+        return self
+
+    @model_validator(mode="after")
+    def _scenarios_valid(self) -> Settings:
+        # Checked here, at load: a bad [scenarios.X] field must not wait for the model to load.
+        from inference.scenarios import ScenarioRegistry
+
+        ScenarioRegistry(self.sampling_overrides())
         return self
 
     def engine_configs(self) -> dict[str, EngineConfig]:
@@ -1026,6 +1116,30 @@ def check_clusters_and_scopes(settings: Settings) -> None:
                 )
 
 
+ASYNC_DRIVERS = {
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+}
+"""URL schemes without a driver, and the async driver opsbot's store talks through instead."""
+
+
+def with_async_driver(url: str) -> str:
+    """``url`` with the store's async driver: ``postgres://u@h/db`` -> ``postgresql+asyncpg://u@h/db``
+    (noted for the start-up log); a URL that names a driver, or a scheme opsbot does not know, is
+    returned as it is (the store then says what is wrong with it)."""
+    scheme, sep, rest = url.partition("://")
+    driver = ASYNC_DRIVERS.get(scheme.lower()) if sep else None
+    if driver is None:
+        return url
+    fixed = f"{driver}://{rest}"
+    _deprecations[
+        f"config: store.url {scheme}://... has no async driver: using {driver}:// (write it so to "
+        "silence this note)"
+    ] = None
+    return fixed
+
+
 def mask_url(url: str) -> str:
     """``scheme://user:secret@host`` with the password replaced (for logs and ``config show``)."""
     from sqlalchemy.engine import make_url
@@ -1052,20 +1166,106 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _describe(exc: ValidationError, path: Path) -> str:
+    """One line naming the key, where its value came from (the environment variable that set it, or
+    the file), and the fix there."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if p != "__root__")
-    env = ENV_PREFIX + "__".join(str(p).upper() for p in err["loc"])
+    parts = [str(p) for p in err["loc"] if p != "__root__"]
+    loc = ".".join(parts)
+    env = env_name(parts)
+    from_env = _set_in_env(parts)
     got = err.get("input")
     got_text = "" if isinstance(got, dict) or got is None else f" (got {str(got)[:60]!r})"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        fix = f"remove it or check its spelling against `opsbot config show` ({path})"
-    elif not loc:  # a check across sections: its message names the keys
+        near = _closest(parts)
+        hint = f"; did you mean {env_name(near.split('.')) if from_env else near}?" if near else ""
+        if from_env:
+            return (
+                f"config error: {from_env} is set, but {loc} is no setting{hint} "
+                f"Fix: rename or unset {from_env}"
+            )
+        return (
+            f"config error at {loc} in {path}: no such setting{hint} Fix: remove it or correct its "
+            "spelling (`opsbot config show` lists every key)"
+        )
+    if not loc:  # a check across sections: its message names the keys
         fix = f"correct those keys in {path} or their OPSBOT_ variables"
+    elif from_env:
+        fix = f"correct the environment variable {from_env} (or unset it to use {path})"
     else:
         fix = f"set {loc} in {path} or {env}"
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
-    return f"config error at {loc or 'top level'}: {msg}{got_text}. Fix: {fix}{more}"
+    where = f" (from {from_env})" if from_env else ""
+    return f"config error at {loc or 'top level'}{where}: {msg}{got_text}. Fix: {fix}{more}"
+
+
+def env_name(parts: Sequence[str]) -> str:
+    """The environment variable of a setting: ``("engine", "model")`` -> ``OPSBOT_ENGINE__MODEL``."""
+    return ENV_PREFIX + "__".join(p.upper() for p in parts)
+
+
+def _set_in_env(parts: Sequence[str]) -> str | None:
+    """The environment variable that set the value at ``parts`` (or a section above it, as JSON)."""
+    for depth in range(len(parts), 0, -1):
+        name = env_name(parts[:depth])
+        if any(key.upper() == name for key in os.environ):
+            return next(key for key in os.environ if key.upper() == name)
+    return None
+
+
+def setting_keys() -> list[str]:
+    """Every setting's dotted key (``engine.model``), sections included (``engine``)."""
+    keys: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> None:
+        for name, info in model.model_fields.items():
+            keys.append(".".join((*prefix, name)))
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                walk(info.annotation, (*prefix, name))
+
+    walk(Settings, ())
+    return keys
+
+
+def _closest(parts: Sequence[str]) -> str | None:
+    """The known key nearest to the misspelt ``parts`` (same section), for a "did you mean"."""
+    import difflib
+
+    wanted = ".".join(parts)
+    found = difflib.get_close_matches(wanted, setting_keys(), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
+NOT_SETTINGS = frozenset(
+    {CONFIG_FILE_ENV, "OPSBOT_SUPERVISED", "OPSBOT_WORKER", "OPSBOT_BRIDGE", "OPSBOT_TEST_PG_URL"}
+)
+"""``OPSBOT_`` variables that are not settings (the config file's path, process roles, tests)."""
+_FREE_FORM = ("scenarios", "engines", "clusters")
+"""Settings whose keys below them are names chosen by the user (``OPSBOT_SCENARIOS__X__...``)."""
+
+
+def unknown_env_notes() -> list[str]:
+    """One line per ``OPSBOT_`` environment variable that sets nothing (a misspelt top-level name is
+    otherwise silently ignored), with the nearest real variable."""
+    import difflib
+
+    keys = setting_keys()
+    known = {env_name(key.split(".")): key for key in keys}
+    # Below a leaf are a mapping's own keys (``OPSBOT_PROMETHEUS__QUERIES__NAME``); below a section, typos.
+    leaves = [env_name(k.split(".")) + "__" for k in keys if not any(o.startswith(k + ".") for o in keys)]
+    notes = []
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in NOT_SETTINGS:
+            continue
+        if any(upper.startswith(env_name([free]) + "__") for free in _FREE_FORM) or any(
+            upper.startswith(leaf) for leaf in leaves
+        ):
+            continue
+        near = difflib.get_close_matches(upper, list(known), n=1, cutoff=0.75)
+        hint = f"; did you mean {near[0]} ({known[near[0]]})?" if near else ""
+        notes.append(f"config: the environment variable {name} is no opsbot setting and is ignored{hint}")
+    return notes
 
 
 def reference_markdown() -> str:

@@ -13,6 +13,10 @@
     ├── CaseError                bot.eval.cases: an eval case is malformed
     ├── DefaultModelUnavailable  bot.default_model: the default model cannot be fetched
     ├── EventLoopUnavailable     bot.event_loop: ``event_loop = "uvloop"`` without uvloop
+    ├── StartupError             bot.app: ``opsbot run`` cannot start (a port taken, a platform
+    │                            token refused), found before the model loads: the key and the fix
+    ├── ActionError              bot.actions.catalog: a proposal outside the catalog or its schema
+    ├── ApplyError               bot.actions.kube_apply: a dry run or apply failed (the API's status text)
     └── PlatformError            a chat platform call failed for good (a reply, an edit, a read)
         ├── PlatformRejected         the platform refused the call itself (4xx or ``ok: false``:
         │                            not_in_channel, channel_not_found, invalid_auth, ...): retrying
@@ -39,6 +43,11 @@ class AnswerStalled(OpsbotError):
 
     request_status = "stalled"
     """The request status the pipeline records."""
+
+
+class StartupError(OpsbotError):
+    """``opsbot run`` cannot start for a reason found before the model loads (the HTTP port is
+    taken, a chat platform refuses its token); one line naming the key and the fix."""
 
 
 class PlatformError(OpsbotError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
@@ -183,11 +184,14 @@ def build_http_app(
     return app
 
 
-async def start_http(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; returns the runner and the bound port (useful with port 0)."""
+async def start_http(
+    app: web.Application, host: str, port: int, *, sock: socket.socket | None = None
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` (on ``sock`` when one was bound already); returns the runner and the bound
+    port (useful with port 0)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site: web.BaseSite = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

@@ -7,11 +7,20 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from bot.redact import RedactingFilter
 from inference.context import request_id_var, request_scope
 
-__all__ = ["JsonFormatter", "RequestIdFilter", "TextFormatter", "request_scope", "setup_logging"]
+__all__ = [
+    "JsonFormatter",
+    "RequestIdFilter",
+    "StderrHandler",
+    "TextFormatter",
+    "request_scope",
+    "setup_logging",
+]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 # Structured fields the pipeline attaches with ``extra=``; copied into JSON lines when present.
@@ -61,9 +70,36 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(level: str = "INFO", *, as_json: bool = False, stream: object = None) -> None:
-    """Send all logs to stderr (or ``stream``), redacted; quiet the chattiest libraries."""
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes, not what it was at setup: a live
+    rich display (``opsbot analyze``'s progress bar) swaps in a proxy that prints each line above
+    the bar, so log lines never break it."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # logging.StreamHandler.__init__ sets it: nothing to keep
+        pass
+
+
+def setup_logging(
+    level: str = "INFO", *, as_json: bool = False, stream: object = None, path: Path | None = None
+) -> None:
+    """Send all logs to stderr (or ``stream``, or the file at ``path``, appended), redacted; quiet the
+    chattiest libraries."""
+    handler: logging.Handler
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    elif stream is not None:
+        handler = logging.StreamHandler(stream)  # type: ignore[call-overload]
+    else:
+        handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
     handler.addFilter(RequestIdFilter())
     handler.addFilter(RedactingFilter())

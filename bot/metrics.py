@@ -170,6 +170,11 @@ CHAT_API_RETRIES = Counter(
 REPLIES_FAILED = Counter(
     "opsbot_replies_failed_total", "Replies that could not be posted after retries", ["platform"]
 )
+ACTION_EVENTS = Counter(
+    "opsbot_action_events_total",
+    "Action events (bot.actions: proposed, refused, approved, rejected, applied, failed, verified)",
+    ["platform", "event"],
+)
 RATE_BUDGET_PROBLEMS = Counter(
     "opsbot_rate_budget_problems_total",
     "Broken rate-budget rules, each a bug (kind: wait_while_holding, stalled; bot.adapters.ratelimit)",

@@ -26,15 +26,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
+from bot.answer_clean import clean_answer, with_fence_stops
 from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -78,6 +80,7 @@ from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
+    from bot.actions.service import ActionService
     from bot.context.gatherer import ContextGatherer
     from bot.investigate import Investigation, Investigator
     from bot.slo import SloGuard
@@ -115,7 +118,16 @@ STALLED_TEXT = (
     ":warning: opsbot stopped this answer: it made no progress for {seconds:.0f} s (the chat "
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
 )
+EMPTY_ANSWER_TEXT = (
+    ":warning: {model} gave no answer: it only copied the prompt's markup back. A larger model "
+    "answers (engine.model; the README recommends one per machine)."
+)
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
+ACTIONS_OFF_TEXT = (
+    ":no_entry: Actions are turned off for this opsbot (`[actions] enabled`); nothing was proposed."
+)
+_PROPOSE = re.compile(r"^\s*propose\b\s*", re.IGNORECASE)
+"""``propose ...`` (a command's words, or a mention's): a proposed action, not a question."""
 FAILURE_NOTE_WAIT_S = 10.0
 """Seconds the note about a stalled or undelivered answer may take (the platform may be what failed)."""
 
@@ -139,6 +151,7 @@ class Pipeline:
         urgent_first: UrgentFirst | None = None,
         answer: AnswerSettings | None = None,
         investigator: Investigator | None = None,
+        actions: ActionService | None = None,
     ) -> None:
         self.engine = engine
         self.engines = engine if isinstance(engine, EngineSet) else EngineSet.single(engine)
@@ -163,6 +176,8 @@ class Pipeline:
         """Answers in flight (``[answer]``: the watchdog)."""
         self.investigator = investigator
         """The investigation loop (``[investigate]``: tool calls after the context); ``None``: off."""
+        self.actions = actions
+        """Approval-gated actions (``[actions]``): ``propose ...`` makes a card (``None``: off)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- work in flight ----------------------------------------------------------------------
@@ -257,6 +272,9 @@ class Pipeline:
                 return
             if message.kind is MessageKind.COMMAND and await self._command(message, adapter):
                 return
+            if _PROPOSE.match(message.text) and message.kind is not MessageKind.ALERT:
+                await self._propose(message, adapter)
+                return
             if message.kind in _ASKED and message.text.strip().lower() == "status":
                 # "@opsbot status": answered in the thread, where whoever asked is looking
                 await adapter.send_notice(message, await self.status_text())
@@ -300,12 +318,43 @@ class Pipeline:
             return True
         return False
 
+    async def _propose(self, message: IncomingMessage, adapter: ChatAdapter) -> None:
+        """``propose <action>``: a card with the action's dry run, for a person to approve (never
+        applied here). The reply (usage, a refusal, where the card is) only the asker sees."""
+        if self.actions is None:
+            await adapter.send_notice(message, ACTIONS_OFF_TEXT, ephemeral=True)
+            return
+        from bot.actions.catalog import ActionError, parse_command
+        from bot.actions.service import ThreadRef
+
+        words = _PROPOSE.sub("", message.text, count=1)
+        try:
+            spec = parse_command(words)
+        except ActionError as exc:
+            await adapter.send_notice(message, f":grey_question: {exc}", ephemeral=True)
+            return
+        thread = None if message.kind is MessageKind.COMMAND else (message.thread_id or message.message_id)
+        evidence = [f"asked for by {message.user_name or message.user}: `propose {words.strip()}`"]
+        proposal = await self.actions.propose(
+            spec, evidence, ThreadRef(message.platform, message.channel, thread, message.user)
+        )
+        if proposal.refused is not None:
+            await adapter.send_notice(message, proposal.refused, ephemeral=True)
+        else:
+            await adapter.send_notice(
+                message,
+                f":clipboard: Proposed *{spec.describe()}*: the card waits for approval.",
+                ephemeral=True,
+            )
+
     def help_text(self) -> str:
         """Usage of ``/rca`` and of mentions, with the lane table, for ``/rca help``."""
         return (
             "*opsbot* — incident assistant (reads the cluster, never changes it)\n"
             "• `/rca <question, alert, pod or service>` — root-cause analysis in a new thread\n"
             "• `/rca status` — model, queue per lane, KV-cache use, TTFT of the last hour\n"
+            "• `/rca propose restart deployment/NAME -n NS` (also rollback, scale, delete pod, cordon, "
+            "uncordon, silence, expire) — a card with the dry run; a person approves, opsbot applies\n"
             "• `/rca help` — this message\n"
             "• @-mention me with a question, or DM me; reply in my threads to follow up "
             "without mentioning me again\n"
@@ -522,7 +571,7 @@ class Pipeline:
         """Everything before the first word: thread history and cluster context (:meth:`_gather`),
         the prompt, and the request submitted to the scenario's engine (its events buffered in a
         :class:`_StartedStream` until the reply reads them)."""
-        sampling = self.scenarios.get(scenario)
+        sampling = with_fence_stops(self.scenarios.get(scenario))
         engine_name, engine = self.engines.engine_for(scenario)
         prompts = self.prompts_by_engine.get(engine_name, self.prompts)
         history, bundle, context_ms = await self._gather(message, thread_id, scenario, lane, adapter, own)
@@ -621,6 +670,11 @@ class Pipeline:
                 prefix=checklist + "\n\n" if checklist and reply.steps_in_text else "",
             )
         await sources
+        if error is None and result is not None and result.output_tokens and not text.strip():
+            # Nothing left once fence markup is removed (a small model copying its prompt): say so,
+            # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
+            error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
+            record.error = "the answer was empty once fence markup was removed"
         shown = text
         if prepared.investigation is not None:
             shown = await self._conclude_investigation(message, record, prepared, text, result, error)
@@ -761,6 +815,11 @@ class Pipeline:
             context_ms = (time.perf_counter() - t0) * 1000
             metrics.CONTEXT.labels(scenario, lane.value, message.platform).observe(context_ms / 1000)
         history = await history_task if history_task else []
+        # Turns stored before answers were cleaned may hold fence markup: never replay it.
+        history = [
+            replace(turn, content=clean_answer(turn.content)) if turn.role == "assistant" else turn
+            for turn in history
+        ]
         read = await thread_task if thread_task else None
         if read is not None:
             await self.urgent_first.step_aside(lane)  # the thread's posts are parsed and redacted
@@ -875,7 +934,7 @@ class Pipeline:
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(prefix + count_secrets(text)[0])
+                        await reply.update(prefix + count_secrets(clean_answer(text))[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):
@@ -895,9 +954,10 @@ class Pipeline:
             record.queue_ms = result.queue_ms
             record.ttft_ms = result.ttft_ms
             record.tpot_ms = result.tpot_ms
-        # One text for the thread, the postmortem file and the stored turn: what no store or
-        # platform takes (NUL, lone surrogates: a random model emits them) is replaced here once.
-        return clean_text(redact(text)), result, error
+        # One text for the thread, the postmortem file and the stored turn: fence markup the stops
+        # missed is removed, and what no store or platform takes (NUL, lone surrogates: a random
+        # model emits them) is replaced, here once.
+        return clean_text(redact(clean_answer(text))), result, error
 
     async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
         if record.e2e_ms is None:  # ended before an answer was complete: time to the failure

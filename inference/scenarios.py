@@ -7,6 +7,7 @@ thread catch-up stays close to what people wrote; a postmortem draft is the long
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -48,7 +49,8 @@ class ScenarioRegistry:
         for name, fields in (overrides or {}).items():
             base = self._presets.get(name, SamplingSettings())
             try:
-                self._presets[name] = replace(base, **dict(fields))
+                typed = {key: _typed(name, key, value) for key, value in dict(fields).items()}
+                self._presets[name] = replace(base, **typed)
             except TypeError as exc:
                 allowed = ", ".join(SamplingSettings.__dataclass_fields__)
                 raise UnknownScenarioError(f"scenario {name!r}: {exc}; allowed fields are {allowed}") from exc
@@ -66,3 +68,31 @@ class ScenarioRegistry:
             raise UnknownScenarioError(
                 f"unknown scenario {name!r}; known scenarios: {', '.join(self.names)}"
             ) from None
+
+
+_NUMBERS: dict[str, type[int] | type[float]] = {
+    "temperature": float,
+    "top_p": float,
+    "repetition_penalty": float,
+    "max_tokens": int,
+    "seed": int,
+}
+
+
+def _typed(scenario: str, key: str, value: Any) -> Any:
+    """``value`` as the field's type: an environment variable (``OPSBOT_SCENARIOS__CHAT__MAX_TOKENS=48``)
+    gives text, which would otherwise reach the engine as ``"48"`` and fail every answer."""
+    if not isinstance(value, str) or key not in (*_NUMBERS, "ignore_eos", "stop"):
+        return value
+    try:
+        if key == "ignore_eos":
+            return {"true": True, "false": False, "1": True, "0": False}[value.strip().lower()]
+        if key == "stop":  # a JSON list, or one stop string
+            parsed = json.loads(value) if value.lstrip().startswith("[") else [value]
+            return tuple(str(s) for s in parsed)
+        return _NUMBERS[key](value)
+    except (KeyError, ValueError):
+        kind = {"ignore_eos": "true or false", "stop": "a JSON list of strings"}.get(
+            key, "a whole number" if _NUMBERS.get(key) is int else "a number"
+        )
+        raise UnknownScenarioError(f"scenarios.{scenario}.{key}: {value!r} is not {kind}") from None

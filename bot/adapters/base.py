@@ -162,6 +162,12 @@ class ChatAdapter(abc.ABC):
         """Release the platform connections (after the pipeline drained); default: nothing to do."""
         return None
 
+    async def preflight(self) -> None:
+        """Check the credentials with the platform before the model loads (minutes, on a GPU):
+        :class:`~bot.errors.StartupError` naming the setting and the fix when they are refused.
+        Default: nothing to check."""
+        return None
+
     async def acknowledge(self, message: IncomingMessage) -> None:
         """Show a sign of life for ``message`` at once (no channel post); never raises."""
         return None

@@ -3,17 +3,21 @@
 One session is one thread: the first line is a question, later lines are follow-ups with the
 session's history; ``/rca ...`` works as in Slack. What each context source gave is shown once
 gathered, tokens are printed as they arrive, and each answer ends with a footer line: TTFT, TPOT,
-tokens, sources.
+tokens, sources. On a terminal, lines are read through the standard library's ``readline`` (line
+editing, and history kept in a file between sessions) where Python has it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import sys
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import TextIO
 
 from rich.console import Console
@@ -24,6 +28,17 @@ from bot.types import FinalAnswer, IncomingMessage, MessageKind, SourceNote, Ste
 
 PROMPT = "opsbot> "
 QUIT_WORDS = {"/quit", "/exit", ":q"}
+HISTORY_LINES = 1000
+"""Lines of REPL history kept in the history file."""
+
+
+def _readline() -> ModuleType | None:
+    """The standard library's readline (GNU readline or libedit), or ``None`` where Python has none."""
+    try:
+        import readline
+    except ImportError:  # Windows, or a Python built without it: plain line reading
+        return None
+    return readline
 
 
 class ConsoleReply(ReplyStream):
@@ -87,9 +102,13 @@ class ConsoleAdapter(ChatAdapter):
 
     platform = "console"
 
-    def __init__(self, *, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
+    def __init__(
+        self, *, stdin: TextIO | None = None, stdout: TextIO | None = None, history_file: Path | None = None
+    ) -> None:
         self._in = stdin or sys.stdin
         self._out = stdout or sys.stdout
+        self.history_file = history_file
+        """Where the terminal's line history is kept between sessions (``None``: not kept)."""
         self._console = Console(file=self._out, highlight=False)
         self._submit: MessageSink | None = None
         self.session = uuid.uuid4().hex[:12]
@@ -114,24 +133,56 @@ class ConsoleAdapter(ChatAdapter):
         self._console.print(text, highlight=False)
         return thread_id or self.session
 
+    async def ask(self, text: str) -> None:
+        """Ask ``text`` as if it had been typed (shown after the prompt), and wait for the answer."""
+        if self._submit is None:
+            raise RuntimeError("ConsoleAdapter.start() must be called before ask()")
+        self._out.write(f"{PROMPT}{text}\n")
+        self._out.flush()
+        await self._submit(self.to_message(text))
+
     async def repl(self) -> None:
         """Answer lines until end of input or ``/quit``; each answer completes before the next prompt."""
         if self._submit is None:
             raise RuntimeError("ConsoleAdapter.start() must be called before repl()")
         interactive = self._in.isatty()
-        while True:
-            if interactive:
-                self._out.write(PROMPT)
-                self._out.flush()
-            line = await asyncio.to_thread(self._in.readline)
-            if not line:
-                break
-            text = line.strip()
-            if not text:
-                continue
-            if text in QUIT_WORDS:
-                break
-            await self._submit(self.to_message(text))  # one answer at a time, as in a thread
+        # readline edits what the real terminal types (``input()`` uses it); any other stream is read plainly.
+        editing = _readline() if interactive and self._in is sys.stdin and self._out is sys.stdout else None
+        if editing is not None:
+            self._load_history(editing)
+        try:
+            while True:
+                if editing is not None:
+                    line = await asyncio.to_thread(_input_line)
+                else:
+                    if interactive:
+                        self._out.write(PROMPT)
+                        self._out.flush()
+                    line = await asyncio.to_thread(self._in.readline)
+                if not line:
+                    break
+                text = line.strip()
+                if not text:
+                    continue
+                if text in QUIT_WORDS:
+                    break
+                await self._submit(self.to_message(text))  # one answer at a time, as in a thread
+        finally:
+            if editing is not None:
+                self._save_history(editing)
+
+    def _load_history(self, editing: ModuleType) -> None:
+        editing.set_history_length(HISTORY_LINES)
+        if self.history_file is not None and self.history_file.is_file():
+            with contextlib.suppress(OSError):
+                editing.read_history_file(str(self.history_file))
+
+    def _save_history(self, editing: ModuleType) -> None:
+        if self.history_file is None:
+            return
+        with contextlib.suppress(OSError):  # a read-only home loses the history, not the session
+            self.history_file.parent.mkdir(parents=True, exist_ok=True)
+            editing.write_history_file(str(self.history_file))
 
     def to_message(self, text: str) -> IncomingMessage:
         """A typed line as an ``IncomingMessage`` of this session's thread."""
@@ -153,3 +204,11 @@ class ConsoleAdapter(ChatAdapter):
             thread_id=self.session,
             message_id=str(self._asked),
         )
+
+
+def _input_line() -> str:
+    """One line typed at the prompt through readline (``""`` at end of input, like ``readline()``)."""
+    try:
+        return input(PROMPT) + "\n"
+    except EOFError:
+        return ""

@@ -41,12 +41,13 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
 from bot.access import AccessPolicy, mattermost_author
+from bot.actions.cards import MATTERMOST_CONTEXT_ACTION, mattermost_props
 from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.mattermost_rest import (
     DEFAULT_MAX_POST_SIZE,
@@ -60,11 +61,16 @@ from bot.adapters.ratelimit import BudgetTimeout, Priority, ticket
 from bot.adapters.streaming import StreamingReply, format_footer_line, split_text
 from bot.adapters.websocket import WebSocketLink
 from bot.config import MattermostSettings
+from bot.errors import PlatformError, PlatformRejected, StartupError
 from bot.http import accepts
 from bot.metrics import REPLIES_FAILED
 from bot.retry import RetryBudget
 from bot.store import Store
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
+
+if TYPE_CHECKING:
+    from bot.actions.cards import Card
+    from bot.actions.service import ActionService
 
 logger = logging.getLogger(__name__)
 
@@ -183,11 +189,32 @@ class MattermostAdapter(ChatAdapter):
         self._user_lookups: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self.ws_replaced = 0
         self.housekeeping = Housekeeping("mattermost")
+        self.actions: ActionService | None = None
+        """Where Approve / Reject clicks go (``[actions]``; ``None``: actions are off)."""
         """Reaction swaps after answers (background, lowest priority)."""
         """Websocket sessions replaced because they went silent, missed a pong or closed."""
         self._channel_names: dict[str, str | None] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
+    async def preflight(self) -> None:
+        """``GET /users/me`` with the bot's token."""
+        await self.rest.start()
+        try:
+            await self.rest.me()
+        except PlatformRejected as exc:
+            await self.rest.close()
+            raise StartupError(
+                f"mattermost.token (OPSBOT_MATTERMOST__TOKEN) was refused by {self.rest.base_url}: {exc}. "
+                "Fix: create a new access token for the bot account (System Console > Integrations > "
+                "Bot Accounts) and set it"
+            ) from None
+        except PlatformError as exc:
+            await self.rest.close()
+            raise StartupError(
+                f"Mattermost cannot be reached at {self.rest.base_url}: {exc}. Fix: check mattermost.url, "
+                "scheme and port (OPSBOT_MATTERMOST__URL ...) and that the server is up"
+            ) from None
+
     async def start(self, submit: MessageSink) -> None:
         """Log in (``GET /users/me``), read the post limit, list channels, open the websocket."""
         self._submit = submit
@@ -903,6 +930,8 @@ class MattermostAdapter(ChatAdapter):
         except ValueError:
             return web.json_response({"error": "expected a JSON action request"}, status=400)
         context = body.get("context") if isinstance(body, dict) else None
+        if isinstance(context, dict) and context.get("action") == MATTERMOST_CONTEXT_ACTION:
+            return await self._on_action_click(body, context)
         secret = self.settings.action_secret
         if not isinstance(context, dict) or secret is None:
             return web.json_response({"error": "invalid action"}, status=401)
@@ -923,6 +952,41 @@ class MattermostAdapter(ChatAdapter):
         logger.info("feedback %+d on request %s from %s", value, request_id, user)
         thanks = "👍" if value == 1 else "👎"
         return web.json_response({"ephemeral_text": f"Thanks, your {thanks} was recorded."})
+
+    async def _on_action_click(self, body: dict[str, Any], context: dict[str, Any]) -> web.Response:
+        # Mattermost does not sign these requests. What makes a click trustworthy: the button's
+        # value is HMAC-signed by opsbot (bot.actions.approval) and travels in integration.context,
+        # which the server strips from every post it sends to clients, so only the Mattermost
+        # server (which fills in user_id from the clicker's session) can send it back.
+        user = str(body.get("user_id", ""))
+        channel = str(body.get("channel_id", ""))
+        if not user or not channel:
+            return web.json_response({"error": "invalid action request"}, status=400)
+        if self.actions is None:
+            return web.json_response(
+                {"ephemeral_text": ":no_entry: Actions are turned off here; nothing was done."}
+            )
+        from bot.actions.approval import Click
+
+        name = body.get("user_name")
+        click = Click(PLATFORM, str(context.get("value", "")), user, channel, str(name) if name else None)
+        return web.json_response({"ephemeral_text": await self.actions.decide(click)})
+
+    async def post_card(self, channel: str, thread_id: str | None, card: Card) -> str:
+        """Post a proposal card (an attachment with Approve / Reject actions); its post id."""
+        props = mattermost_props(card, self._actions_url())
+        post = await self.rest.create_post(
+            channel, "", root_id=thread_id or "", props=props, pending_post_id=self.pending_post_id()
+        )
+        return str(post["id"])
+
+    async def update_card(self, channel: str, card_id: str, card: Card) -> None:
+        """Replace a posted card (``PUT /posts/{id}/patch``): decided, its buttons gone."""
+        await self.rest.patch_post(card_id, "", mattermost_props(card, self._actions_url()))
+
+    def _actions_url(self) -> str | None:
+        url = self.settings.public_url
+        return url.rstrip("/") + ACTIONS_PATH if url else None
 
 
 def _ephemeral(text: str) -> web.Response:

@@ -76,11 +76,14 @@ from bot.adapters.slack_format import (
 from bot.adapters.slack_reply import SIGN_OF_LIFE_KEY, STREAM_UNAVAILABLE, SlackReply
 from bot.adapters.slack_socket import SocketModeConnections
 from bot.config import RetrySettings, SlackSettings
+from bot.errors import PlatformError, PlatformRejected, StartupError
 from bot.http import accepts
 from bot.metrics import REPLIES_FAILED
 from bot.types import FinalAnswer, IncomingMessage, MessageKind, ThreadPost, ThreadRead
 
 if TYPE_CHECKING:
+    from bot.actions.cards import Card
+    from bot.actions.service import ActionService
     from bot.store import Store
 
 logger = logging.getLogger(__name__)
@@ -158,6 +161,8 @@ class SlackAdapter(ChatAdapter):
         self._unknown_users: dict[str, float] = {}
         """Users ``users.info`` does not know, until when (monotonic seconds) that is believed."""
         self._channel_names: dict[str, str | None] = {}
+        self.actions: ActionService | None = None
+        """Where Approve / Reject clicks go (``[actions]``; ``None``: actions are off)."""
         self.app = self._build_app()
 
     @property
@@ -187,11 +192,37 @@ class SlackAdapter(ChatAdapter):
         app.event("assistant_thread_started")(self._on_assistant_thread)
         app.command(self.settings.command)(self._on_command)
         app.action(re.compile(rf"^({FEEDBACK_UP}|{FEEDBACK_DOWN}):"))(self._on_feedback)
+        app.action(re.compile(r"^opsbot_action_(approve|reject)$"))(self._on_action_click)
         return app
 
-    async def start(self, submit: MessageSink) -> None:
-        """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
-        self._submit = submit
+    async def preflight(self) -> None:
+        """``auth.test`` with the bot token, and in Socket Mode ``apps.connections.open`` with the
+        app token (a connection URL that is never used: it expires unopened)."""
+        self._open_session()
+        checks: list[tuple[str, str, str | None]] = [("auth.test", "bot_token", None)]
+        if self.settings.mode == "socket" and self.settings.app_token is not None:
+            checks.append(("apps.connections.open", "app_token", self.settings.app_token.get_secret_value()))
+        try:
+            for method, key, token in checks:
+                try:
+                    await self.call(method, {}, token=token)
+                except PlatformRejected as exc:
+                    raise StartupError(
+                        f"slack.{key} (OPSBOT_SLACK__{key.upper()}) was refused by Slack's {method} at "
+                        f"{self.settings.api_base_url}: {getattr(exc, 'error', exc)}. Fix: copy the "
+                        f"{'xoxb-' if key == 'bot_token' else 'xapp-'} token again from the app's settings "
+                        "page (a reinstalled app has new tokens)"
+                    ) from None
+                except PlatformError as exc:
+                    raise StartupError(
+                        f"Slack cannot be reached at slack.api_base_url {self.settings.api_base_url}: "
+                        f"{exc}. Fix: check the network or slack.api_base_url (OPSBOT_SLACK__API_BASE_URL)"
+                    ) from None
+        except BaseException:
+            await self._close_session()
+            raise
+
+    def _open_session(self) -> None:
         if self.client.session is None or self.client.session.closed:
             # One pooled session for every Web API call: without it slack_sdk opens (and over
             # HTTPS handshakes) a new connection for each call, the largest share of a busy
@@ -200,6 +231,11 @@ class SlackAdapter(ChatAdapter):
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=self.client.timeout),
             )
+
+    async def start(self, submit: MessageSink) -> None:
+        """Learn the bot's own ids (``auth.test``), then connect (Socket Mode) or await HTTP posts."""
+        self._submit = submit
+        self._open_session()
         try:
             await self._connect()
         except BaseException:  # a start that failed leaves no open connections behind
@@ -647,6 +683,54 @@ class SlackAdapter(ChatAdapter):
         if request_id:
             await self.store.record_feedback(request_id, PLATFORM, user, value)
             logger.info("slack feedback: request_id=%s user=%s value=%d", request_id, user, value)
+
+    async def _on_action_click(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        # The clicker is whoever Slack says clicked: the request's v0 signature (HTTP mode) or the
+        # app-token-authenticated Socket Mode link vouches for the whole payload, user.id included.
+        await ack()
+        user = str((body.get("user") or {}).get("id", ""))
+        channel = str(
+            (body.get("channel") or {}).get("id", "") or (body.get("container") or {}).get("channel_id", "")
+        )
+        if not user or not channel:
+            return
+        if self.actions is None:
+            text = ":no_entry: Actions are turned off here; nothing was done."
+        else:
+            from bot.actions.approval import Click
+
+            name = (body.get("user") or {}).get("username")
+            click = Click(PLATFORM, str(action.get("value", "")), user, channel, str(name) if name else None)
+            text = await self.actions.decide(click)
+        params: dict[str, Any] = {"channel": channel, "user": user, "text": text}
+        thread = (body.get("message") or {}).get("thread_ts")
+        if thread:
+            params["thread_ts"] = thread
+        try:
+            await self.call("chat.postEphemeral", params, channel=channel)
+        except SlackCallError as exc:
+            logger.warning("slack action answer not delivered to %s: %s", user, exc)
+
+    async def post_card(self, channel: str, thread_id: str | None, card: Card) -> str:
+        """Post a proposal card (Block Kit) into ``thread_id``'s thread; its ``ts``."""
+        from bot.actions.cards import slack_blocks
+
+        params: dict[str, Any] = {
+            "channel": channel,
+            "text": fallback_text(markdown_to_mrkdwn(card.title)),
+            "blocks": slack_blocks(card),
+        }
+        if thread_id:
+            params["thread_ts"] = thread_id
+        data = await self.call("chat.postMessage", params, channel=channel)
+        return str(data["ts"])
+
+    async def update_card(self, channel: str, card_id: str, card: Card) -> None:
+        """Replace a posted card (``chat.update``): decided, its buttons gone."""
+        from bot.actions.cards import slack_blocks
+
+        params = {"channel": channel, "ts": card_id, "text": card.title, "blocks": slack_blocks(card)}
+        await self.call("chat.update", params, channel=channel)
 
     async def _on_assistant_thread(self, event: dict[str, Any]) -> None:
         thread = event.get("assistant_thread") or {}

@@ -386,13 +386,26 @@ class StreamingReply(ReplyStream):
         cancel_pending(self._editor, self._in_flight)
 
 
+FOOTER_REASON_CHARS = 160
+"""A failed source's reason in a footer is cut to this many characters (the full text is logged)."""
+
+
+def failure_reason(detail: str) -> str:
+    """A failed source's note as one short line: the upstream error without the queries that were
+    sent (a failed Prometheus lists every PromQL query it tried: twenty lines in a footer)."""
+    reason = " ".join(detail.split(" (query: ", 1)[0].split())
+    if len(reason) > FOOTER_REASON_CHARS:
+        reason = reason[: FOOTER_REASON_CHARS - 1].rstrip() + "…"
+    return reason
+
+
 def format_footer_line(answer: FinalAnswer) -> str:
     """Plain-text footer: sources (ok / failed / left out), the cluster scope, runbook links and
     timings with units."""
     parts: list[str] = []
     used = [s.name for s in answer.sources if s.status == "ok"]
     failed = [
-        f"{s.name} ({s.status}{': ' + s.detail if s.detail else ''})"
+        f"{s.name} ({s.status}{': ' + failure_reason(s.detail) if s.detail else ''})"
         for s in answer.sources
         if s.status not in ("ok", "skipped", "empty")
     ]

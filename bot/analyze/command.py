@@ -26,6 +26,7 @@ from bot.analyze.job import JobSpec, Prepared, execute, finish, prepare
 from bot.analyze.post import PostingAdapter, parse_target, post_summary
 from bot.analyze.progress import progress_for
 from bot.analyze.readers import describe_bad_lines, read_path
+from bot.analyze.report import summarised_text
 from bot.analyze.results import ResultLog, run_id
 from bot.analyze.runner import BatchRunner, EngineExecutor, Executor, OfflineExecutor
 from bot.config import Settings
@@ -155,7 +156,7 @@ async def run_analyze(settings: Settings, args: argparse.Namespace, *, out: Cons
     out.print(
         f"{summary.finished} items this run ({summary.items_per_s:.2f} items/s, "
         f"{summary.output_tokens_per_s:.0f} output tokens/s, {summary.wall_s:.1f} s), "
-        f"{summary.skipped} already done; {totals['summarised']} of {totals['groups']} groups summarised",
+        f"{summary.skipped} already done; {summarised_text(totals)}",
         highlight=False,
         soft_wrap=True,
     )

@@ -21,6 +21,7 @@ from bot.analyze.records import ReadResult
 from bot.analyze.report import ReportFiles, build_report, write_report
 from bot.analyze.runner import BatchRunner, Executor, RunSummary
 from bot.analyze.work import Plan, plan_work
+from bot.answer_clean import with_fence_stops
 from bot.prompts import PromptBuilder
 from bot.routing import LANES
 from bot.types import MessageKind
@@ -71,7 +72,7 @@ def prepare(spec: JobSpec, read: ReadResult, builder: PromptBuilder, scenarios: 
     grouping = (
         group_records(records, spec.instance_labels) if spec.instance_labels else group_records(records)
     )
-    sampling = scenarios.get(spec.scenario)
+    sampling = with_fence_stops(scenarios.get(spec.scenario))
     if spec.max_tokens is not None:
         sampling = replace(sampling, max_tokens=spec.max_tokens)
     plan = plan_work(

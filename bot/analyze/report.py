@@ -23,7 +23,8 @@ from bot.analyze.grouping import GroupingResult, severity
 from bot.analyze.records import Group, ReadResult
 from bot.analyze.results import ItemResult
 from bot.analyze.runner import RunSummary
-from bot.analyze.work import Plan
+from bot.analyze.work import Plan, WorkItem
+from bot.answer_clean import ECHO, EMPTY
 from bot.errors import OpsbotError
 from bot.plots import COUNTS_SIZE_PX, plot_counts
 from bot.redact import redact
@@ -109,14 +110,16 @@ def build_report(
                 "first": _iso(group.first),
                 "last": _iso(group.last),
                 "statuses": group.statuses(),
-                "status": "not planned" if item is None else ("done" if result is not None else "pending"),
-                "summary": result.text.strip() if result is not None else None,
+                "status": _status(item, result),
+                "summary": result.text.strip() if result is not None and result.failure is None else None,
+                "failure": result.failure if result is not None else None,
                 "request_id": result.request_id if result is not None else None,
                 "output_tokens": result.output_tokens if result is not None else None,
                 "left_out": item.left_out if item is not None else [],
             }
         )
     done = sum(1 for row in rows if row["status"] == "done")
+    failures = [row["failure"] for row in rows if row["failure"] is not None]
     return {
         "title": f"opsbot analyze: {scenario} of {input_name}",
         "generated_at": _iso(datetime.now(UTC)),
@@ -144,6 +147,8 @@ def build_report(
         "totals": {
             "groups": len(groups),
             "summarised": done,
+            "echoed": failures.count(ECHO),
+            "empty": failures.count(EMPTY),
             "pending": sum(1 for row in rows if row["status"] == "pending"),
             "not_planned": len(plan.not_planned),
         },
@@ -151,6 +156,30 @@ def build_report(
         "counts_over_time": counts_over_time(groups, first, last),
         "changes": changes(groups, first, last),
     }
+
+
+def _status(item: WorkItem | None, result: ItemResult | None) -> str:
+    """A group's row: ``done``, ``failed: <why>`` (an answer that is no summary), ``pending`` or
+    ``not planned``."""
+    if item is None:
+        return "not planned"
+    if result is None:
+        return "pending"
+    return "done" if result.failure is None else f"failed: {result.failure}"
+
+
+def _failed_as(failure: str) -> str:
+    return "was empty once fence markup was removed" if failure == EMPTY else "only repeated its prompt"
+
+
+def summarised_text(totals: Mapping[str, int]) -> str:
+    """``11 of 13 groups summarised, 2 echoed the prompt``: what the answers were worth."""
+    text = f"{totals['summarised']} of {totals['groups']} groups summarised"
+    if totals.get("echoed"):
+        text += f", {totals['echoed']} echoed the prompt"
+    if totals.get("empty"):
+        text += f", {totals['empty']} empty"
+    return text
 
 
 def bucket_seconds(span: timedelta) -> int:
@@ -329,7 +358,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     )
     totals = report["totals"]
     lines.append(
-        f"**Summaries:** {totals['summarised']} of {totals['groups']} groups"
+        f"**Summaries:** {summarised_text(totals)}"
         + (f", {totals['pending']} pending (re-run to finish)" if totals["pending"] else "")
         + (f", {totals['not_planned']} beyond --max-groups" if totals["not_planned"] else "")
         + "."
@@ -365,9 +394,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             continue
         lines.append(f"### {row['rank']}. {row['title']} ({row['occurrences']} {_KIND_PLURAL[row['kind']]})")
         lines.append("")
-        lines.append(
-            row["summary"] or "_No summary yet: re-run `opsbot analyze` with the same --out to finish._"
-        )
+        if row["failure"] is not None:
+            lines.append(f"_No summary: the model's answer {_failed_as(row['failure'])}._")
+        else:
+            lines.append(
+                row["summary"] or "_No summary yet: re-run `opsbot analyze` with the same --out to finish._"
+            )
         notes = [f"request `{row['request_id']}`"] if row["request_id"] else []
         if row["left_out"]:
             notes.append("left out of the prompt: " + "; ".join(row["left_out"]))
@@ -438,7 +470,8 @@ def chat_summary(
         "*Top groups*",
     ]
     for row in report["groups"][:top]:
-        summary = " ".join((row["summary"] or "(no summary yet)").split())
+        fallback = f"(no summary: {row['failure']})" if row["failure"] else "(no summary yet)"
+        summary = " ".join((row["summary"] or fallback).split())
         if len(summary) > 400:
             summary = summary[:400].rsplit(" ", 1)[0] + " ..."
         lines.append(

@@ -57,6 +57,9 @@ class ItemResult:
     platform: str = "analyze"
     channel: str | None = None
     left_out: list[str] = field(default_factory=list)
+    failure: str | None = None
+    """Why the answer does not count as a summary (``empty``, ``echoed the prompt``;
+    :func:`bot.answer_clean.echo_verdict`), ``None`` when it does."""
 
     def to_record(self) -> RequestRecord:
         """The request row of this item (status ``ok``)."""

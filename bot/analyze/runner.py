@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from bot.analyze.progress import ProgressSink
 from bot.analyze.results import ItemResult, ResultLog
 from bot.analyze.work import WorkItem
+from bot.answer_clean import clean_answer, echo_verdict
 from bot.config import RetrySettings
 from bot.redact import redact
 from bot.retry import RetriesExhausted, RetryBudget
@@ -379,12 +380,13 @@ class BatchRunner:
         summary.statuses[status] = summary.statuses.get(status, 0) + 1
         if result is not None:
             created = now - timedelta(milliseconds=result.e2e_ms)
+            text = redact(clean_answer(result.text), where="batch")
             finished = ItemResult(
                 id=item.id,
                 group=item.group.key,
                 scenario=item.scenario,
                 request_id=rid,
-                text=redact(result.text, where="batch"),
+                text=text,
                 finish_reason=result.finish_reason,
                 prompt_tokens=result.prompt_tokens or item.prompt_tokens,
                 cached_tokens=result.cached_tokens,
@@ -400,6 +402,7 @@ class BatchRunner:
                 platform=self.platform,
                 channel=self.channel,
                 left_out=item.left_out,
+                failure=echo_verdict(text, item.prompt),
             )
             self.results.append(finished)
             self.finished[item.id] = finished

@@ -58,6 +58,8 @@ class WorkItem:
     token_ids: list[int]
     left_out: list[str] = field(default_factory=list)
     """Data of the group that did not fit the budget (``"40 more lines of this group"``)."""
+    prompt: str = ""
+    """The prompt's text (every message): an answer that only repeats it counts as failed."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -249,7 +251,14 @@ def plan_work(
     for index, group in enumerate(chosen, start=1):
         plan = _fitting_prompt(group, index, len(chosen), scenario, builder, max_tokens, max_lines)
         items.append(
-            WorkItem(item_id(scenario, group, max_tokens), group, scenario, plan.token_ids, plan.left_out)
+            WorkItem(
+                item_id(scenario, group, max_tokens),
+                group,
+                scenario,
+                plan.token_ids,
+                plan.left_out,
+                prompt="\n".join(m.content for m in plan.messages),
+            )
         )
     savings = _savings(chosen, items, scenario, builder, max_tokens, max_lines)
     return Plan(items=items, savings=savings, not_planned=list(groups[len(chosen) :]))

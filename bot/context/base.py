@@ -243,5 +243,11 @@ class ContextProvider(abc.ABC):
         what is left of the deadline; ``None``: nothing to follow (the default)."""
         return None
 
+    async def check(self) -> str | None:
+        """One cheap request to the source (the start banner's health check): ``None`` when it
+        answered, else why not, in one line. A provider with nothing remote to ask (runbook files)
+        keeps this default."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections."""

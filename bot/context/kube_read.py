@@ -5,7 +5,7 @@ few thousand pods would spend the whole context deadline on deserialising. So th
 for what it is good at (kubeconfig, in-cluster credentials, TLS, auth refresh) and the answers are
 read as JSON dicts, in the API's own field names.
 
-Only GET is ever sent (``deploy/rbac.yaml`` grants get / list / watch); Secrets and ConfigMaps are
+Only GET is ever sent (``deploy/base/rbac.yaml`` grants get / list / watch); Secrets and ConfigMaps are
 not among the resources this module knows, so no code path can read one.
 """
 
@@ -45,7 +45,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "cronjobs": ("/apis/batch/v1", True),
 }
 """Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` nor
-``configmaps`` (both may hold credentials; ``deploy/rbac.yaml`` grants neither): a pod's references
+``configmaps`` (both may hold credentials; ``deploy/base/rbac.yaml`` grants neither): a pod's references
 to them are read from its own spec."""
 
 

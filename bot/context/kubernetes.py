@@ -18,7 +18,7 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/rbac.yaml``); Secrets and ConfigMaps are never read.
+are made (see ``deploy/base/rbac.yaml``); Secrets and ConfigMaps are never read.
 """
 
 from __future__ import annotations
@@ -116,6 +116,24 @@ class KubernetesProvider(ContextProvider):
         if self._api is not None:
             await self._api.close()
             self._api = None
+
+    async def check(self) -> str | None:
+        """``GET /version`` from the API server (any HTTP answer, even a refusal, is an answer)."""
+        try:
+            api = await self._client()
+        except (ConfigException, OSError, ValueError) as exc:
+            return f"cannot configure client: {exc}"
+        try:
+            await asyncio.wait_for(client.VersionApi(api).get_code(), self.settings.timeout_s)
+        except TimeoutError:
+            return f"no answer from {self.target} within {self.settings.timeout_s:g} s"
+        except client.ApiException as exc:
+            if exc.status in (401, 403):
+                return f"{self.target} refused the credentials (HTTP {exc.status})"
+            return None
+        except Exception as exc:  # aiohttp's connection errors and the like
+            return api_error(exc)
+        return None
 
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Pods, events, logs, workloads, nodes and the hops from them relevant to ``request``."""

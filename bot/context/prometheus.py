@@ -179,6 +179,17 @@ class PrometheusProvider(ContextProvider):
             raise PrometheusError(f"HTTP {response.status} {kind}: {error}")
         return body.get("data")
 
+    async def check(self) -> str | None:
+        """``GET /-/ready``: Prometheus answers 200 once it serves queries."""
+        url = f"{self.target}/-/ready"
+        try:
+            async with self._client().get(url) as response:
+                if response.status != 200:
+                    return f"HTTP {response.status} from {url}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"cannot reach {url}: {exc or type(exc).__name__}"
+        return None
+
     async def fetch(self, request: ContextRequest) -> ProviderResult:
         """Firing alerts plus every template whose placeholders the entities fill, within the
         request's namespaces (series and alerts of other namespaces are dropped)."""

@@ -5,16 +5,18 @@ Served by aiohttp on a free port; the real kubernetes-asyncio client reaches it 
 file (:meth:`KubernetesSnapshotServer.write_kubeconfig`), with a bearer token it checks. Nothing in
 opsbot's own code is pointed at it except by that kubeconfig.
 
-Routes (GET only; anything else is 405, as for a read-only service account): the list calls of
+Routes (GET only unless ``write_token`` is set, see :mod:`bot.eval.kube_write`; anything else is 405,
+as for a read-only service account): the list calls of
 ``/api/v1`` (pods, events, nodes, namespaces, services, configmaps, secrets, persistentvolumeclaims,
 persistentvolumes), ``/apis/apps/v1`` (deployments, statefulsets, replicasets, daemonsets),
 ``/apis/discovery.k8s.io/v1/endpointslices``, ``/apis/storage.k8s.io/v1/storageclasses``,
-``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}``, each also in
-its namespaced form unless cluster-scoped, and each object by name (``.../{name}``); a pod's
-``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices follow the pods a Service selects, as
-the controller keeps them. Secrets are served with planted values (``SECRET-VALUE-<key>``) so a test
-can prove none reaches a prompt. List calls honour ``labelSelector`` (=, ==, !=, in, notin, exists,
-!exists) and ``fieldSelector`` (dotted paths, = and !=). Errors are ``Status`` objects.
+``/apis/autoscaling/v2/horizontalpodautoscalers``, ``/apis/batch/v1/{cronjobs,jobs}`` (and
+``/version``), each also in its namespaced form unless cluster-scoped, and each object by name
+(``.../{name}``); a pod's ``/log`` (``container``, ``previous``, ``tailLines``). EndpointSlices
+follow the pods a Service selects, as the controller keeps them. Secrets are served with planted
+values (``SECRET-VALUE-<key>``) so a test can prove none reaches a prompt. List calls honour
+``labelSelector`` (=, ==, !=, in, notin, exists, !exists) and ``fieldSelector`` (dotted paths, =
+and !=). Errors are ``Status`` objects.
 
 Faults are chosen per path: ``server.fail(r"/api/v1/nodes", 403)``, ``server.delay(r"/pods", 5.0)`` or
 ``server.garbage(r"/pods", "<html>bad gateway</html>", "text/html")`` (200 with a body the API never sends).
@@ -34,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bot.eval.kube_write import Write, add_write_routes
 from bot.eval.local_server import LocalApiServer
 
 NOW = datetime(2026, 11, 29, 20, 0, 0, tzinfo=UTC)
@@ -102,6 +105,13 @@ class KubernetesSnapshotServer(LocalApiServer):
     faults: list[tuple[re.Pattern[str], Fault]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     """Every request as ``METHOD path?query``, for assertions."""
+    write_token: str | None = None
+    """The token of a ServiceAccount that may write (:mod:`bot.eval.kube_write`: patch, scale,
+    delete a pod, dry runs); ``None``: the server is read-only and every write is 405."""
+    rollout_delay_s: float = 0.0
+    """Seconds a written workload's status takes to catch up (its controller's rollout)."""
+    writes: list[Write] = field(default_factory=list)
+    """Every write call taken (dry runs too), for assertions and ``bench``."""
 
     def state_text(self) -> str:
         """Everything this server serves, as one text (objects as JSON, then every log): what an
@@ -131,6 +141,8 @@ class KubernetesSnapshotServer(LocalApiServer):
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         app.router.add_get("/api/v1/namespaces", self._list_namespaces)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/version/", self._version)  # kubernetes-asyncio's VersionApi asks this
         for prefix, plural in _ROUTES:
             handler = functools.partial(self._list_kind, prefix, plural)
             one = functools.partial(self._get_kind, prefix, plural)
@@ -141,7 +153,25 @@ class KubernetesSnapshotServer(LocalApiServer):
                 app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}", handler)
                 if plural != "pods":
                     app.router.add_get(f"{prefix}/namespaces/{{ns}}/{plural}/{{name}}", one)
+        if self.write_token is not None:
+            add_write_routes(self, app)
         return app
+
+    async def _version(self, request: web.Request) -> web.Response:
+        # The health check's call (kubectl version asks the same); fixed, as a pinned server's.
+        return web.json_response(
+            {
+                "major": "1",
+                "minor": "31",
+                "gitVersion": "v1.31.0",
+                "gitCommit": "0" * 40,
+                "gitTreeState": "clean",
+                "buildDate": "2024-08-13T07:28:49Z",
+                "goVersion": "go1.22.5",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+            }
+        )
 
     def write_kubeconfig(self, path: Path, context: str = "fake-cluster", token: str | None = None) -> Path:
         """A kubeconfig (JSON is YAML) with one context pointing at this server."""
@@ -159,11 +189,17 @@ class KubernetesSnapshotServer(LocalApiServer):
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append(f"{request.method} {request.path_qs}")
+        auth = request.headers.get("Authorization")
+        writer = self.write_token is not None and auth == f"Bearer {self.write_token}"
         if request.method != "GET":
-            return web.json_response(
-                status_object(405, "MethodNotAllowed", "read-only snapshot server"), status=405
-            )
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            if self.write_token is None:
+                return web.json_response(
+                    status_object(405, "MethodNotAllowed", "read-only snapshot server"), status=405
+                )
+            if auth == f"Bearer {self.token}":  # what RBAC answers the get/list/watch account
+                message = f"the read-only ServiceAccount cannot {request.method.lower()} {request.path}"
+                return web.json_response(status_object(403, "Forbidden", message), status=403)
+        if not writer and auth != f"Bearer {self.token}":
             return web.json_response(status_object(401, "Unauthorized", "Unauthorized"), status=401)
         await self.answer_delay()
         for pattern, fault in self.faults:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bot import __version__
+from bot.answer_clean import ECHO, EMPTY
 from bot.eval import evidence
 from bot.eval.runner import CaseResult
 from bot.store.records import percentile
@@ -94,6 +95,8 @@ def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
         "hallucinated_objects": sum(len(s.hallucinated) for s in scored),
         "cases_with_hallucination": sum(bool(s.hallucinated) for s in scored),
         "passed": _rate([s.passed for s in scored]),
+        "echoed": sum(s.failure == ECHO for s in scored),
+        "empty": sum(s.failure == EMPTY for s in scored),
         "evidence_recall": _rate([evidence.recalled(r.evidence) for r in results]),
         "gathering_misses": _missed(results, evidence.NOT_GATHERED),
         "budget_misses": _missed(results, evidence.CUT),
@@ -225,9 +228,19 @@ def summary_line(report: Mapping[str, Any]) -> str:
         f"reason named {_frac(t['reason_named'])}, "
         f"numbers exact {t['numbers_found']}/{t['numbers_expected']}, "
         f"{t['hallucinated_objects']} hallucinated objects in {t['cases_with_hallucination']} cases, "
-        f"passed {_frac(t['passed'])}; TTFT p50 {_ms(ttft)}, e2e p50 {_ms(e2e)}, "
+        f"passed {_frac(t['passed'])}{_failed_answers(t)}; TTFT p50 {_ms(ttft)}, e2e p50 {_ms(e2e)}, "
         f"wall {report['wall_s']} s"
     )
+
+
+def _failed_answers(t: Mapping[str, Any]) -> str:
+    """`` (2 echoed the prompt, 1 empty)``: answers counted as failed whatever they named."""
+    parts = []
+    if t.get("echoed"):
+        parts.append(f"{t['echoed']} echoed the prompt")
+    if t.get("empty"):
+        parts.append(f"{t['empty']} empty")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _pct(value: float | None) -> str:
@@ -267,6 +280,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"| numbers exact (single numbers) | {t['numbers_found']}/{t['numbers_expected']} |",
         f"| hallucinated objects | {t['hallucinated_objects']} in {t['cases_with_hallucination']} cases |",
         f"| passed (all of the above, no hallucination) | {_frac(t['passed'])} |",
+        f"| failed answers: echoed the prompt / empty after cleaning | {t.get('echoed', 0)} / "
+        f"{t.get('empty', 0)} |",
         f"| TTFT p50 / p90 / max | {_ms(t['ttft_ms']['p50'])} / {_ms(t['ttft_ms']['p90'])} / "
         f"{_ms(t['ttft_ms']['max'])} |",
         f"| end-to-end p50 / p90 / max | {_ms(t['e2e_ms']['p50'])} / {_ms(t['e2e_ms']['p90'])} / "
@@ -363,6 +378,8 @@ def case_line(index: int, total: int, result: CaseResult) -> str:
     s = result.score
     if s is None:
         verdict = f"{result.status}: {result.error or 'no answer'}"[:160]
+    elif s.failure is not None and result.status == "ok":
+        verdict = f"FAILED ({s.failure})"
     else:
         verdict = (
             f"object {_mark(s.object_named)}, reason {_mark(s.reason_named)}, "

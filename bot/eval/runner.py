@@ -261,30 +261,9 @@ class EvalRunner:
             return ReplayGatherer(
                 bundle_from_dict({"sections": case.replay.sections, "notes": case.replay.notes})
             )
-        base = self.settings
-        update: dict[str, Any] = {
-            "clusters": {},
-            "scope": ScopeSettings(),
-            "runbooks": RunbookSettings(),
-            "kubernetes": KubernetesSettings(),
-            "prometheus": PrometheusSettings(),
-        }
-        if kube is not None:
-            config = kube.write_kubeconfig(self.workdir / f"{case.id}.kubeconfig", context="eval")
-            update["kubernetes"] = base.kubernetes.model_copy(
-                update={
-                    "enabled": True,
-                    "kubeconfig": config,
-                    "context": "eval",
-                    "namespaces": [],
-                    "label_selector": None,
-                }
-            )
-        if prom is not None:
-            update["prometheus"] = base.prometheus.model_copy(
-                update={"enabled": True, "url": prom.url, "bearer_token": None}
-            )
-        return TappedGatherer.from_settings(base.model_copy(update=update))
+        return TappedGatherer.from_settings(
+            served_settings(self.settings, kube, prom, self.workdir / case.id)
+        )
 
     async def _answer(self, case: EvalCase, gatherer: ContextGatherer, served: str | None) -> CaseResult:
         pipeline = Pipeline(
@@ -295,6 +274,7 @@ class EvalRunner:
             context=gatherer,
             model_name=self.model_name,
             thread=self.settings.thread,
+            answer=self.settings.answer,  # the watchdog's stall_s as configured (a slow CPU needs more)
             investigator=self._investigator(case, gatherer),
         )
         adapter = CaptureAdapter()
@@ -333,7 +313,7 @@ class EvalRunner:
         result.tpot_ms = record.tpot_ms
         result.prompt_tokens = record.prompt_tokens
         result.output_tokens = record.output_tokens
-        result.score = score(result.answer, case.expect, context)
+        result.score = score(result.answer, case.expect, context, question=message.text)
         if self.settings.investigate.enabled:
             steps = [
                 st for st in await self.store.steps_between(started) if st.request_id == message.request_id
@@ -391,6 +371,35 @@ class EvalRunner:
             message_id=f"{case_key}-q" if thread_id else None,
             scenario=case.scenario,
         )
+
+
+def served_settings(base: Settings, kube: Any, prom: Any, stem: Path) -> Settings:
+    """``base`` with its context sources pointed at a case's started servers, and nothing else
+    (no other cluster, scope or runbook): ``kube`` through a kubeconfig written at
+    ``stem.kubeconfig``, ``prom`` by URL; a source the case has no server for is off."""
+    update: dict[str, Any] = {
+        "clusters": {},
+        "scope": ScopeSettings(),
+        "runbooks": RunbookSettings(),
+        "kubernetes": KubernetesSettings(),
+        "prometheus": PrometheusSettings(),
+    }
+    if kube is not None:
+        config = kube.write_kubeconfig(stem.with_name(f"{stem.name}.kubeconfig"), context="eval")
+        update["kubernetes"] = base.kubernetes.model_copy(
+            update={
+                "enabled": True,
+                "kubeconfig": config,
+                "context": "eval",
+                "namespaces": [],
+                "label_selector": None,
+            }
+        )
+    if prom is not None:
+        update["prometheus"] = base.prometheus.model_copy(
+            update={"enabled": True, "url": prom.url, "bearer_token": None}
+        )
+    return base.model_copy(update=update)
 
 
 def loop_summary(

@@ -12,6 +12,11 @@
   to follow a kind word; the report lists every name it counted so a reader can judge.
 
 A check with no expectation (a replayed 👎 answer without one) is ``None``: not passed, not failed.
+
+An answer that is empty once fence markup is removed, or only repeats its prompt
+(:func:`bot.answer_clean.echo_verdict`), is failed whatever it contains (``failure`` says why); in
+any answer, the words it copied from the question are not its own: a name found only there is not
+credited (:func:`bot.answer_clean.without_echo`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bot.answer_clean import echo_verdict, without_echo
 from bot.eval.cases import Expectation
 
 _POD_LIKE = re.compile(
@@ -61,6 +67,8 @@ class Score:
     numbers: list[Check] = field(default_factory=list)
     hallucinated: list[str] = field(default_factory=list)
     """Object-like names in the answer that the prompt did not contain, each once."""
+    failure: str | None = None
+    """Why the answer is no answer (``empty``, ``echoed the prompt``); ``None`` for a real one."""
 
     @staticmethod
     def _all(checks: Sequence[Check]) -> bool | None:
@@ -86,8 +94,8 @@ class Score:
         """Object, reason and numbers all right and nothing hallucinated (``None``: no expectation)."""
         checks = [v for v in (self.object_named, self.reason_named, self.numbers_exact) if v is not None]
         if not checks:
-            return None
-        return all(checks) and not self.hallucinated
+            return None if self.failure is None else False
+        return all(checks) and not self.hallucinated and self.failure is None
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready form."""
@@ -99,6 +107,7 @@ class Score:
             "numbers_expected": len(self.numbers),
             "hallucinated": self.hallucinated,
             "passed": self.passed,
+            "failure": self.failure,
             "checks": {
                 kind: [{"wanted": c.wanted, "found": c.found} for c in getattr(self, kind)]
                 for kind in ("objects", "reasons", "numbers")
@@ -163,13 +172,17 @@ def hallucinated_objects(answer: str, context: str) -> list[str]:
     return out
 
 
-def score(answer: str, expect: Expectation, context: str) -> Score:
-    """Score ``answer`` against ``expect``; ``context`` is what the prompt showed the model."""
+def score(answer: str, expect: Expectation, context: str, question: str = "") -> Score:
+    """Score ``answer`` against ``expect``; ``context`` is what the prompt showed the model (the whole
+    prompt), ``question`` what was asked (see the module doc for both)."""
+    failure = echo_verdict(answer, context)
+    own = "" if failure is not None else without_echo(answer, question)
     return Score(
-        objects=[Check(options, _first(options, answer)) for options in expect.objects],
-        reasons=[Check(options, _first(options, answer)) for options in expect.reasons],
-        numbers=[Check(options, _first(options, answer, number=True)) for options in expect.numbers],
+        objects=[Check(options, _first(options, own)) for options in expect.objects],
+        reasons=[Check(options, _first(options, own)) for options in expect.reasons],
+        numbers=[Check(options, _first(options, own, number=True)) for options in expect.numbers],
         hallucinated=hallucinated_objects(answer, context),
+        failure=failure,
     )
 
 

@@ -216,3 +216,61 @@ class FeedbackRow(Base):
     user: Mapped[str] = mapped_column(String(255), primary_key=True)
     value: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ActionRow(Base):
+    """One proposed action (:mod:`bot.actions`): what, why, the dry run's diff, and its fate.
+
+    ``state`` is the claim: the one UPDATE from ``proposed`` that matches (not expired) decides it,
+    so an action is applied at most once across double clicks, retries and replicas.
+    """
+
+    __tablename__ = "opsbot_actions"
+    __table_args__ = (Index("ix_opsbot_actions_state_expires", "state", "expires_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    channel: Mapped[str] = mapped_column(String(255))
+    thread_id: Mapped[str | None] = mapped_column(String(255))
+    card_id: Mapped[str | None] = mapped_column(String(255))
+    """The card's post (Slack ``ts``, Mattermost post id), edited when the action is decided."""
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(512))
+    spec: Mapped[str] = mapped_column(Text)
+    """Canonical JSON of the action (:meth:`bot.actions.catalog.ActionSpec.canonical`)."""
+    digest: Mapped[str] = mapped_column(String(64))
+    evidence: Mapped[str] = mapped_column(Text)
+    """JSON list of the cited evidence lines."""
+    diff: Mapped[str] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(Text)
+    risk: Mapped[str] = mapped_column(Text)
+    asked_by: Mapped[str | None] = mapped_column(String(255))
+    proposed_by: Mapped[str] = mapped_column(String(64))
+    """``command`` (a person's ``/rca propose``) or ``model`` (the investigation loop's tool)."""
+    state: Mapped[str] = mapped_column(String(16))
+    """``proposed``, ``approving`` (claimed, being applied), ``applied``, ``failed``, ``rejected``,
+    ``expired``."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    decided_by: Mapped[str | None] = mapped_column(String(255))
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    applied_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    apply_ms: Mapped[float | None] = mapped_column(Float)
+    """Click received -> the API answered the apply."""
+    result: Mapped[str | None] = mapped_column(Text)
+    verified: Mapped[str | None] = mapped_column(Text)
+
+
+class ActionEventRow(Base):
+    """The audit trail: every proposal, click (refused ones too), decision, apply and verification."""
+
+    __tablename__ = "opsbot_action_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    proposal_id: Mapped[str] = mapped_column(String(64), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    event: Mapped[str] = mapped_column(String(16))
+    """``proposed``, ``refused``, ``approved``, ``rejected``, ``applied``, ``failed``, ``verified``."""
+    platform: Mapped[str | None] = mapped_column(String(32))
+    user: Mapped[str | None] = mapped_column(String(255))
+    detail: Mapped[str | None] = mapped_column(Text)

@@ -641,6 +641,29 @@ class Store:
         """Queue a vote (+1 / -1) on an answer; a user's second vote on it replaces the first."""
         self._buffer.put(PendingFeedback(request_id, platform, user, value))
 
+    # -- direct statements (bot.actions: decisions that must be known now, never buffered) ----
+    async def write_now(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` as one write transaction now, not through the buffer (an approval's claim
+        must be decided before anything is applied). Raises :class:`StoreError` when the database
+        cannot be used: a decision then fails closed."""
+        try:
+            return await self._call(self._timed(self._transact(work)))
+        except StoreError:
+            raise
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from error
+
+    async def read_now(self, stmt: Any) -> list[Any]:
+        """Every row of a query; :class:`StoreError` when the database cannot be used."""
+        try:
+            return await self._call(self._all(stmt))
+        except Exception as error:
+            raise unreachable(self._engine.url, error) from error
+
+    async def _timed(self, work: Awaitable[T]) -> T:
+        async with self._timeout():
+            return await work
+
     # -- thread reads ----------------------------------------------------------------------
     async def thread_history(
         self, platform: str, channel: str, thread_id: str, limit: int = 50

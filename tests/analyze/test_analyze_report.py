@@ -107,6 +107,8 @@ def test_the_report_files_are_written_and_the_png_is_a_real_chart_of_the_expecte
         "summarised": len(prepared.plan.items) - 2,
         "pending": 2,
         "not_planned": 0,
+        "echoed": 0,
+        "empty": 0,
     }
     counts = data["counts_over_time"]
     first, last = (

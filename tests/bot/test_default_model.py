@@ -111,7 +111,9 @@ def test_chat_without_a_model_answers_in_english_from_smollm2_through_llama_cpp(
     )
     assert proc.returncode == 0, proc.stderr
     assert "random" not in proc.stderr
-    assert "loading the llamacpp engine" in proc.stdout + proc.stderr
+    # Start-up is logged (chat.log: the screen holds the conversation); the banner names the engine.
+    assert "loading the llamacpp engine" in (tmp_path / "xdg" / "opsbot" / "chat.log").read_text()
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf on llamacpp" in proc.stderr
     answer = proc.stdout.split("/quit", 1)[-1]
     # Real English, not the random model's token soup: common words of the language appear.
     words = {w.strip(".,:;!?()").lower() for w in answer.split()}

@@ -129,3 +129,15 @@ async def test_finishing_at_any_moment_never_edits_sooner_than_the_interval() ->
         times = [c[1] for c in reply.calls if c[2] == "m1" and c[0] == "edit"]  # after the placeholder
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         assert all(g >= 0.02 - 1e-3 for g in gaps), (attempt, gaps)
+
+
+def test_a_failed_source_is_one_short_footer_line_with_its_reason_and_no_queries() -> None:
+    queries = "; ".join(f'rate(container_cpu_usage_seconds_total{{pod="api-{i}"}}[5m])' for i in range(20))
+    detail = (
+        "Prometheus failed at http://prom:9090: cannot reach http://prom:9090/api/v1/query: refused "
+        f"(query: {queries})"
+    )
+    answer = FinalAnswer(request_id="r", text="t", sources=[SourceNote("Prometheus", "failed", detail)])
+    line = format_footer_line(answer)
+    assert "\n" not in line and "rate(" not in line and len(line) < 250
+    assert "failed: Prometheus (failed: Prometheus failed at http://prom:9090: cannot reach" in line

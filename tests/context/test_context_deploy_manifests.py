@@ -1,4 +1,6 @@
-"""deploy/: read-only RBAC that never touches Secrets, GPU Deployment with health probes, Service."""
+"""deploy/base: read-only RBAC that covers every read the Kubernetes provider makes and never touches
+Secrets; the Deployment's health probes and settings. The rendered overlays (GPU, platforms,
+database) are tests/deploy/test_kustomize.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import yaml
 
 from bot.config import Settings
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "base"
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
@@ -43,10 +45,9 @@ def test_cluster_role_covers_every_call_the_kubernetes_provider_makes():
     assert "secrets" not in RESOURCES and "configmaps" not in RESOURCES
 
 
-def test_the_deployment_asks_for_a_gpu_and_probes_healthz_and_readyz():
+def test_the_deployment_probes_healthz_and_readyz():
     (deployment,) = _docs("deployment.yaml")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "opsbot"

@@ -150,7 +150,8 @@ def test_the_dashboard_is_grafana_json_with_a_datasource_variable_unique_ids_and
 
 def test_the_autoscaler_scales_the_opsbot_deployment_on_p99_ttft_and_queue_depth() -> None:
     (scaler,) = [d for d in yaml.safe_load_all(SCALER.read_text()) if d]
-    (deployment,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "deployment.yaml").read_text()) if d]
+    base = REPO / "deploy" / "base" / "deployment.yaml"
+    (deployment,) = [d for d in yaml.safe_load_all(base.read_text()) if d]
     spec = scaler["spec"]
     assert (scaler["apiVersion"], scaler["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"]

@@ -79,3 +79,44 @@ def test_no_expectation_is_neither_passed_nor_failed():
 def test_a_case_asking_for_numbers_the_prompt_never_showed_is_reported():
     expect = Expectation(objects=[["worker-6d5f7c9b8-kq2lp"]], numbers=[["768Mi"], ["137"]])
     assert missing_from_context(expect, CONTEXT) == ["768Mi"]
+
+
+QUESTION = "why does worker-6d5f7c9b8-kq2lp in payments keep restarting?"
+
+
+def test_an_answer_that_only_echoes_the_question_is_failed_and_credited_with_nothing():
+    answer = f'<<<DATA id=ab12cd34 label="chat message">>>\n{QUESTION}\n<<<END DATA id=ab12cd34>>>>>'
+    result = score(answer, EXPECT, CONTEXT, question=QUESTION)
+    assert result.failure == "echoed the prompt"
+    assert result.object_named is False and result.passed is False
+    assert score("<<<END DATA id=ab12cd34>>>", EXPECT, CONTEXT, question=QUESTION).failure == "empty"
+
+
+def test_a_name_found_only_in_the_copied_question_is_not_credited():
+    answer = f"You asked: {QUESTION} The container was OOMKilled with exit code 137 at 512Mi."
+    result = score(answer, EXPECT, CONTEXT, question=QUESTION)
+    assert result.failure is None and result.reason_named is True and result.numbers_exact is True
+    assert result.object_named is False  # the pod's name is there only inside the echoed question
+    own = "worker-6d5f7c9b8-kq2lp was OOMKilled (exit code 137) at its 512Mi limit."
+    assert score(own, EXPECT, CONTEXT, question=QUESTION).passed is True
+
+
+def test_the_report_counts_echoed_and_empty_answers_as_failed_and_says_so():
+    from bot.eval.report import summary_line, totals
+    from bot.eval.runner import CaseResult
+
+    answers = {
+        "echo": f'<<<DATA id=ab12cd34 label="chat message">>>\n{QUESTION}\n<<<END DATA id=ab12cd34>>>',
+        "empty": "<<<END DATA id=ab12cd34>>>",
+        "own": "worker-6d5f7c9b8-kq2lp was OOMKilled (exit code 137) at its 512Mi limit.",
+    }
+    results = [
+        CaseResult(
+            name, name, "test", "root_cause", "ok", answer=text, score=score(text, EXPECT, CONTEXT, QUESTION)
+        )
+        for name, text in answers.items()
+    ]
+    t = totals(results)
+    assert (t["echoed"], t["empty"], t["passed"]) == (1, 1, {"hits": 1, "of": 3})
+    report = {"totals": t, "engine": {"backend": "llamacpp", "model": "smol"}, "wall_s": 1.0}
+    assert "passed 1/3 (1 echoed the prompt, 1 empty)" in summary_line(report)

@@ -176,6 +176,7 @@ class FakeOpenAIServer:
         api_key: str | None = None,
         token_interval_s: float = 0.002,
         block_size: int = 16,
+        answer: str = CANNED_ANSWER,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -202,7 +203,8 @@ class FakeOpenAIServer:
         self.log: list[Received] = []
         self.port = 0
         self._faults: dict[str, Fault] = {}
-        self._answer_ids: list[int] = self.tokenizer.encode(CANNED_ANSWER, add_special_tokens=False)
+        # What every request "generates" (a test may give one a model that echoes fence markup).
+        self._answer_ids: list[int] = self.tokenizer.encode(answer, add_special_tokens=False)
         self._cached_blocks: set[tuple[int, ...]] = set()
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -612,7 +614,8 @@ class FakeOpenAIServer:
                 answer_done = position >= len(self._answer_ids) and not body.get("ignore_eos")
                 if answer_done:
                     finish = "stop"  # the model emitted EOS: counted, not shown
-                    delta = ""
+                    delta = full[len(text) :]  # what was held back for a stop string goes out now
+                    text += delta
                     if self.tokenizer.eos_token_id is not None:
                         out.append(int(self.tokenizer.eos_token_id))
                 else:

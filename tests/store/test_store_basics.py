@@ -276,7 +276,9 @@ async def test_every_request_field_is_stored(store: Store, drained: Any) -> None
     await drained(store)
     async with store.engine.connect() as conn:
         row = (await conn.execute(select(RequestRow).where(RequestRow.request_id == "full"))).one()
-    stored = {name: getattr(row, name) for name in record.__dataclass_fields__}
+    # every field is a column of the row, but an investigation's steps, which have their own table
+    columns = [name for name in record.__dataclass_fields__ if name != "steps"]
+    stored = {name: getattr(row, name) for name in columns}
     assert RequestRecord(**stored) == record
 
 

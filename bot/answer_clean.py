@@ -1,0 +1,131 @@
+"""What of a model's answer may be shown, stored or replayed: the one owner of answer cleaning.
+
+A small model copies the prompt it was given: the fence markers of :mod:`bot.prompts`
+(``<<<DATA id=…>>>``, ``<<<END DATA id=…>>>``), the scenario's task line, the question. Three
+defences, each in one place:
+
+- :data:`STOP_SEQUENCES`, added to every request's stop list (:func:`with_fence_stops`), so an
+  engine ends the answer where an opening fence marker would begin: what follows is the prompt's
+  data copied back (every engine honours ``stop``). A closing marker is no stop: SmolLM2 on
+  llama.cpp starts most answers with ``<<<END DATA id=…>>`` and then answers (bench/results/
+  eval-smollm2-2026-12-01.json); stopping there would leave nothing. The cleaning removes it.
+- :func:`clean_answer`, applied to every text shown (streamed or final), stored as a thread turn,
+  written by ``opsbot analyze`` or read back as history: whatever fence markup the stops missed
+  (a marker the model misspelt, history stored by an older opsbot) is removed.
+- :func:`echo_verdict`, by which ``opsbot analyze`` and ``opsbot eval`` count an answer that is
+  empty after cleaning, or only repeats its prompt, as failed; :func:`without_echo` keeps the eval's
+  scorer from crediting a name that the answer only copied from the question.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from inference.engine import SamplingSettings
+
+STOP_SEQUENCES: tuple[str, ...] = ("<<<DATA", "<<< DATA")
+"""Where an answer ends: the start of an opening fence marker (a model copying its prompt's data).
+Not ``<<<`` alone, which a shell here-string in a suggested command may need, and not the closing
+marker (see the module doc)."""
+
+EMPTY = "empty"
+"""Verdict: nothing left once fence markup is removed."""
+ECHO = "echoed the prompt"
+"""Verdict: the answer is (almost) all text copied from its prompt."""
+
+# A fence marker, whole or cut short, as the prompt writes it or as a model misspells it: three
+# angle brackets (or the defused ‹‹‹ of bot.prompts.defuse), an optional END, DATA, and what follows
+# up to the closing brackets or the end of the line; with two brackets only when the tag follows
+# (``cat <<DATA`` / ``<<END`` here-documents in a suggested command stay).
+_MARKER = re.compile(
+    r"(?:<{3,}|‹{3,})[ \t]*/?[ \t]*(?:END[ \t]*)?DATA\b[^\n<>‹›]*(?:>+|›+)?"
+    r"|(?:<{2}|‹{2})[ \t]*(?:END[ \t]*)?DATA[ \t]+id=[^\n<>‹›]*(?:>+|›+)?"
+    r"|(?:<{3,}|‹{3,})[ \t]*END[ \t]+id=[^\n<>‹›]*(?:>+|›+)?",
+    re.IGNORECASE,
+)
+# What a marker leaves behind when a model breaks it up: a line of nothing but angle brackets, a
+# bare ``id=9f2c4e1a>>>`` (a here-string's ``<<<`` inside a command is left alone).
+_DEBRIS = re.compile(
+    r"^[ \t]*(?:<{3,}|>{3,}|‹{3,}|›{3,})[ \t]*$"
+    r"|\bid=[0-9a-f]{8}(?:[ \t]+label=\"[^\"\n]*\")?[ \t]*(?:>+|›+)",
+    re.IGNORECASE | re.MULTILINE,
+)
+_BLANK_RUNS = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
+_WORD = re.compile(r"[\w][\w.:/%-]*")
+_SHINGLE = 5
+"""Words per shingle when comparing an answer with its prompt."""
+_ECHO_SHARE = 0.7
+"""An answer whose shingles are at least this share copies of its prompt's is an echo."""
+_QUESTION_RUN = 6
+"""A run of at least this many words copied from the question is an echo of it."""
+
+
+def with_fence_stops(sampling: SamplingSettings) -> SamplingSettings:
+    """``sampling`` with :data:`STOP_SEQUENCES` in its stop list (configured stops are kept)."""
+    missing = tuple(s for s in STOP_SEQUENCES if s not in sampling.stop)
+    return replace(sampling, stop=(*sampling.stop, *missing)) if missing else sampling
+
+
+def clean_answer(text: str) -> str:
+    """``text`` without fence markup: markers (whole, cut short or misspelt) and their debris are
+    removed, the blank lines they leave folded; the ends are stripped. Idempotent."""
+    if "<<" not in text and ">>>" not in text and "‹‹" not in text and "id=" not in text:
+        return text.strip()
+    cleaned = _DEBRIS.sub("", _MARKER.sub("", text))
+    cleaned = "\n".join(line.rstrip() for line in cleaned.splitlines())
+    return _BLANK_RUNS.sub("\n\n", cleaned).strip()
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower().strip(".:,;") for w in _WORD.findall(text)]
+
+
+def _shingles(words: list[str], size: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + size]) for i in range(max(0, len(words) - size + 1))}
+
+
+def echo_verdict(answer: str, prompt: str) -> str | None:
+    """Why ``answer`` counts as failed: :data:`EMPTY` (nothing left after :func:`clean_answer`),
+    :data:`ECHO` (its words are mostly copied runs of ``prompt``, the whole prompt as the model saw
+    it), or ``None`` for an answer of its own."""
+    words = _words(clean_answer(answer))
+    if not words:
+        return EMPTY
+    prompt_words = _words(clean_answer(prompt))
+    if len(words) < _SHINGLE:  # too short for shingles: an echo when copied whole
+        return ECHO if _contains_run(prompt_words, words) else None
+    own = _shingles(words, _SHINGLE)
+    copied = len(own & _shingles(prompt_words, _SHINGLE))
+    return ECHO if copied / len(own) >= _ECHO_SHARE else None
+
+
+def _contains_run(haystack: list[str], run: list[str]) -> bool:
+    width = len(run)
+    return any(haystack[i : i + width] == run for i in range(len(haystack) - width + 1))
+
+
+def without_echo(answer: str, question: str) -> str:
+    """``answer`` with what it copied from ``question`` blanked out: the whole question, and every
+    run of at least six words of it. A name the answer shows only there is not the answer's own."""
+    q_words = _words(question)
+    if not q_words:
+        return answer
+    tokens = list(_WORD.finditer(answer))
+    words = [m.group(0).lower().strip(".:,;") for m in tokens]
+    need = min(len(q_words), _QUESTION_RUN)
+    q_runs = _shingles(q_words, need)
+    blank = [False] * len(words)
+    for i in range(len(words) - need + 1):
+        if tuple(words[i : i + need]) in q_runs:
+            for j in range(i, i + need):
+                blank[j] = True
+    if not any(blank):
+        return answer
+    out, last = [], 0
+    for match, gone in zip(tokens, blank, strict=True):
+        if gone:
+            out.append(answer[last : match.start()])
+            last = match.end()
+    out.append(answer[last:])
+    return "".join(out)

@@ -1,0 +1,242 @@
+"""Clean answers: fence markers are stop sequences on every request, and whatever markup still gets
+through is removed from what is shown, stored and replayed; an answer that only repeats its prompt
+is told apart from one of its own.
+
+The pipeline tests run the whole flow on the ``openai`` backend against the fake vLLM server, whose
+"model" is told to answer with fence markup (as SmolLM2 does): the server honours ``stop`` as vLLM
+does, so the request's stop list is what keeps the marker out.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fakes.openai_server import FakeOpenAIServer
+
+from bot.adapters.console import ConsoleAdapter
+from bot.answer_clean import (
+    ECHO,
+    EMPTY,
+    STOP_SEQUENCES,
+    clean_answer,
+    echo_verdict,
+    with_fence_stops,
+    without_echo,
+)
+from bot.app import submit_to
+from bot.config import Settings, StoreSettings
+from bot.engine_factory import build_engine
+from bot.pipeline import Pipeline
+from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder, fence
+from bot.store import Store
+from inference.engine import ChatMessage, SamplingSettings, WrappedEngine
+from inference.scenarios import ScenarioRegistry
+
+MODEL = "tiny-chat"
+ECHOING = (
+    "checkout-api is OOMKilled: exit code 137 at its 512Mi limit.\n"
+    '<<<END DATA id=4f2a9c1e>>>>>\n<<<DATA id=4f2a9c1e label="chat message">>>\nwhy?'
+)
+"""What SmolLM2 answered in the issue: a real start, then the prompt's fence markup copied."""
+MISSPELT = "checkout-api is OOMKilled.\n<<END DATA id=4f2a9c1e>> exit code 137"
+"""Markup no stop string matches (two brackets): the cleaning removes it."""
+CLOSING_FIRST = "<<<END DATA id=4f2a9c1e>>\n\nThe pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
+"""How SmolLM2 on llama.cpp starts most answers: the closing marker, then the answer itself."""
+ONLY_DATA = '<<<DATA id=4f2a9c1e label="Kubernetes: pods">>>\ncheckout-api-7d9f4 Running'
+"""An answer that opens a data fence at once: the stop leaves nothing."""
+
+
+def test_fence_markers_and_their_debris_are_removed_and_the_rest_is_kept() -> None:
+    assert clean_answer(ECHOING) == "checkout-api is OOMKilled: exit code 137 at its 512Mi limit.\n\nwhy?"
+    assert clean_answer(MISSPELT) == "checkout-api is OOMKilled.\n exit code 137"
+    assert clean_answer("<<<END DATA id=4f2a9c1e>>>>>") == ""
+    assert clean_answer(fence("chat message", "hello", "abcd1234")) == "hello"
+    # Idempotent, and ordinary text (a here-string, a shift operator) is left alone.
+    once = clean_answer(ECHOING)
+    assert clean_answer(once) == once
+    command = 'run `grep -c x <<< "$line"` and `echo $((a << 2))`'
+    assert clean_answer(command) == command
+    heredoc = "cat <<DATA > /tmp/x\nkey: value\nDATA\ncat <<END\nEND"
+    assert clean_answer(heredoc) == heredoc
+
+
+def test_the_stop_list_gains_the_fence_markers_and_keeps_configured_stops() -> None:
+    sampling = with_fence_stops(SamplingSettings(stop=("\n\nUser:",)))
+    assert sampling.stop[0] == "\n\nUser:" and set(STOP_SEQUENCES) <= set(sampling.stop)
+    assert with_fence_stops(sampling) is sampling  # nothing added twice
+
+
+PROMPT = (
+    "Task: summarise this alert for the on-call engineer in at most five lines: what fires, where, "
+    "since when, likely impact, and the first thing to check.\n"
+    + fence(
+        "opsbot analyze: group 1 of 3",
+        "KubePodCrashLooping payments/api-7f9c8d6b5-x2x9q 14 times",
+        "ab12cd34",
+    )
+)
+
+
+def test_an_empty_or_echoed_answer_is_told_apart_from_an_answer_of_its_own() -> None:
+    assert echo_verdict("<<<END DATA id=ab12cd34>>>", PROMPT) == EMPTY
+    assert echo_verdict("  \n ", PROMPT) == EMPTY
+    echoed = "Task: summarise this alert for the on-call engineer in at most five lines: what fires, where"
+    assert echo_verdict(echoed, PROMPT) == ECHO
+    assert echo_verdict("Task:", PROMPT) == ECHO  # short, and copied whole
+    own = (
+        "api-7f9c8d6b5-x2x9q in payments crashlooped 14 times; check its last logs with "
+        "`kubectl logs --previous` and the recent rollout."
+    )
+    assert echo_verdict(own, PROMPT) is None
+    assert echo_verdict("OOMKilled.", PROMPT) is None
+
+
+def test_what_an_answer_copied_from_the_question_is_blanked_out() -> None:
+    question = "why does worker-6d5f7c9b8-kq2lp in payments keep restarting?"
+    assert "worker-6d5f7c9b8-kq2lp" not in without_echo(f"Question: {question} Answer: unknown.", question)
+    # A short quote of the question inside an answer of its own stays.
+    kept = "worker-6d5f7c9b8-kq2lp keeps restarting: OOMKilled."
+    assert without_echo(kept, question) == kept
+
+
+@dataclass
+class Remote:
+    pipeline: Pipeline
+    store: Store
+    adapter: ConsoleAdapter
+    out: io.StringIO
+    server: FakeOpenAIServer
+    tap: PromptTap
+
+
+class PromptTap(WrappedEngine):
+    """The engine, with the messages of every request kept."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(inner)  # type: ignore[arg-type]
+        self.seen: list[list[ChatMessage]] = []
+
+    async def generate(self, request):  # type: ignore[no-untyped-def,override]
+        self.seen.append(list(request.messages or []))
+        async for event in self.inner.generate(request):
+            yield event
+
+
+async def _remote(answer: str, tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    with FakeOpenAIServer(tiny_model, served_model_name=MODEL, max_model_len=2048, answer=answer) as server:
+        settings = Settings(
+            data_dir=tmp_path,
+            engine={
+                "backend": "openai",
+                "base_url": server.url,
+                "served_model_name": MODEL,
+                "max_model_len": 2048,
+            },
+            scenarios={name: {"max_tokens": 200} for name in ("chat", "root_cause")},
+        )
+        store = await Store.open(
+            f"sqlite+aiosqlite:///{tmp_path / 'opsbot.db'}", StoreSettings(retry={"initial_s": 0.02})
+        )
+        engine = build_engine(settings, MODEL)
+        await engine.start([ChatMessage("system", DEFAULT_SYSTEM_PROMPT)])
+        tap = PromptTap(engine)
+        prompts = PromptBuilder(
+            engine.tokenizer,
+            system_prompt=DEFAULT_SYSTEM_PROMPT,
+            max_model_len=2048,
+            context_share=0.4,
+            history_share=0.2,
+        )
+        pipeline = Pipeline(
+            engine=tap,
+            store=store,
+            prompts=prompts,
+            scenarios=ScenarioRegistry(settings.scenarios),
+            model_name=MODEL,
+        )
+        out = io.StringIO()
+        adapter = ConsoleAdapter(stdin=io.StringIO(""), stdout=out)
+        await adapter.start(submit_to(pipeline, adapter))
+        try:
+            yield Remote(pipeline, store, adapter, out, server, tap)
+        finally:
+            await engine.shutdown(5)
+            await store.close()
+
+
+@pytest.fixture
+async def echoing(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(ECHOING, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
+async def closing_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(CLOSING_FIRST, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
+async def only_data(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(ONLY_DATA, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
+async def misspelling(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(MISSPELT, tiny_model, tmp_path):
+        yield remote
+
+
+async def test_the_fence_marker_is_a_stop_sequence_of_the_request_and_never_shown_or_stored(
+    echoing: Remote,
+) -> None:
+    message = echoing.adapter.to_message("why is checkout-api crashlooping?")
+    await echoing.adapter._submit(message)  # type: ignore[misc]
+    (received,) = echoing.server.requests_for(message.request_id)
+    assert set(STOP_SEQUENCES) <= set(received.body["stop"])
+    shown = echoing.out.getvalue()
+    assert "checkout-api is OOMKilled: exit code 137 at its 512Mi limit." in shown
+    assert "<<<" not in shown and "DATA id=" not in shown
+    history = await echoing.store.thread_history("console", "terminal", echoing.adapter.session)
+    assert [t.content for t in history if t.role == "assistant"] == [
+        "checkout-api is OOMKilled: exit code 137 at its 512Mi limit."
+    ]
+
+
+async def test_markup_no_stop_catches_is_cleaned_and_the_follow_up_never_replays_it(
+    misspelling: Remote,
+) -> None:
+    adapter = misspelling.adapter
+    await adapter._submit(adapter.to_message("why is checkout-api crashlooping?"))  # type: ignore[misc]
+    # A turn an older opsbot stored with the markup in it, then a follow-up in the same thread.
+    await misspelling.store.append_message(
+        "console", "terminal", adapter.session, "assistant", "old answer <<<END DATA id=0badf00d>>>>>"
+    )
+    await adapter._submit(adapter.to_message("and what now?"))  # type: ignore[misc]
+    shown = misspelling.out.getvalue()
+    assert "<<" not in shown and "id=4f2a9c1e" not in shown and "exit code 137" in shown
+    follow_up = misspelling.tap.seen[-1]
+    replayed = [m.content for m in follow_up if m.role == "assistant"]
+    assert replayed == ["checkout-api is OOMKilled.\n exit code 137", "old answer"]
+
+
+async def test_an_answer_after_a_leading_closing_marker_is_kept_without_the_marker(
+    closing_first: Remote,
+) -> None:
+    await closing_first.adapter._submit(closing_first.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
+    shown = closing_first.out.getvalue()
+    assert "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)." in shown and "<<<" not in shown
+
+
+async def test_an_answer_with_nothing_left_says_so_and_stores_no_turn(only_data: Remote) -> None:
+    await only_data.adapter._submit(only_data.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
+    shown = only_data.out.getvalue()
+    assert "tiny-chat gave no answer: it only copied the prompt's markup back" in shown
+    assert "<<<" not in shown and "Running" not in shown
+    history = await only_data.store.thread_history("console", "terminal", only_data.adapter.session)
+    assert [t.role for t in history] == ["user"]

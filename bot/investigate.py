@@ -258,6 +258,13 @@ class Investigator:
         for entity in block.get("root_cause") or []:
             if isinstance(entity, dict):
                 entity.setdefault("cluster", investigation.scope_cluster)
+        # llama-cpp-python's schema converter does not enforce an integer's maximum: a reference to
+        # a step that never ran is dropped here, so every citation points at a real step.
+        for claim in block.get("claims") or []:
+            if isinstance(claim, dict):
+                claim["steps"] = [
+                    n for n in claim.get("steps") or [] if isinstance(n, int) and 0 <= n <= last
+                ]
         return block
 
 

@@ -17,9 +17,14 @@ TPOT; and ``event -> engine submit`` from the engine's submit record (``OPSBOT_B
 
 Patterns (``--patterns``): ``burst8`` / ``burst32`` / ``burst64`` (all at once over
 ``--channels`` channels, ``--rca-share`` of them ``/rca``), ``poisson`` (``--rate`` per second for
-``--seconds``), ``incident`` (56 threads answered first, then 56 long follow-ups in them while 8
-urgent ``/rca`` arrive 0.3 s later). ``--sweep 25,50,100`` runs Poisson mentions at each rate and
-reports the highest sustained with no loss or duplicate. ``--budgets on`` keeps the platforms'
+``--seconds``), ``incident`` (56 threads answered first, then 56 long follow-ups in them, and 8
+urgent ``/rca`` once every follow-up streams at the fake platform). ``--sweep 25,50,100`` runs
+Poisson mentions at each rate (60 s) and reports the highest sustained: no loss or duplicate and
+event -> submit P99 <= 25 ms.
+
+Every pass of a pattern is an *episode*, reported on its own and pooled; P99 is by nearest rank
+(:func:`pct`); CPU is every bot process's, in ns, over the requests its window holds
+(``bench/episodes.py`` puts several runs side by side: issue 40). ``--budgets on`` keeps the platforms'
 published rate limits on both sides (the fakes enforce them, opsbot budgets for them); ``off``
 removes both (an engine comparison).
 
@@ -42,6 +47,7 @@ import functools
 import gzip
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -68,7 +74,7 @@ for _p in (ROOT, ROOT / "tests"):
 
 from fakes.mattermost_server import FakeMattermost  # noqa: E402
 from fakes.slack_server import FakeSlack  # noqa: E402
-from run_meta import gpu_line, package_versions  # noqa: E402
+from run_meta import gpu_line, package_versions, source_commit  # noqa: E402
 
 from bot import event_loop  # noqa: E402
 
@@ -144,6 +150,9 @@ class Req:
     envelope: str | None = None
     """Socket Mode: the envelope whose acknowledgement is the ack."""
     error: str | None = None
+    episode: int = 1
+    """Which run of its pattern in this bot process it belongs to (an incident's seeds: their
+    incident's): every episode is reported on its own as well as pooled."""
 
     @property
     def tag(self) -> str:
@@ -605,6 +614,28 @@ class BotProcess:
         return pids
 
     @staticmethod
+    def cpu_ns(pid: int) -> int | None:
+        """CPU nanoseconds (user + system, every thread, those that ended included) of process
+        ``pid`` so far, from the kernel's per-process CPU clock (what ``time.process_time_ns`` reads
+        inside it); ``None`` once it has exited. /proc's stat counts in clock ticks (10 ms), too
+        coarse for a few milliseconds per request."""
+        try:
+            # Linux's CPU clock of another process: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+            return time.clock_gettime_ns(((~pid) << 3) | 2)
+        except OSError:
+            return None
+
+    def cpu_ns_by_pid(self) -> dict[int, int]:
+        """:meth:`cpu_ns` of the engine host and every live worker, by pid (never vLLM's engine
+        processes: their CPU is the GPU side's, the same for every design)."""
+        out: dict[int, int] = {}
+        for pid in self.bot_pids():
+            ns = self.cpu_ns(pid)
+            if ns is not None:
+                out[pid] = ns
+        return out
+
+    @staticmethod
     def _stat_cpu_s(stat_path: str) -> float:
         with contextlib.suppress(OSError):
             fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
@@ -691,6 +722,18 @@ class BotProcess:
                 out.setdefault(str(row["user"]), []).append(row)
         return out
 
+    async def flush_submits(self, timeout_s: float = 5.0) -> None:
+        """Have the engine host write its submit records now (SIGUSR2) and wait for the file."""
+        if not self.alive() or self.proc is None:
+            return
+        before = self.record.stat().st_mtime_ns if self.record.exists() else 0
+        os.kill(self.proc.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.record.exists() and self.record.stat().st_mtime_ns != before:
+                return
+            await asyncio.sleep(0.05)
+
     def submits(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         if self.record.exists():
@@ -713,6 +756,8 @@ class Driver:
         self.seq = 0
         self.rng = random.Random(args.seed)
         self.tasks: set[asyncio.Task[None]] = set()
+        self.step_info: dict[str, Any] = {}
+        """What the running pattern observed beyond its requests (kept in its ``patterns`` entry)."""
 
     def new(self, pattern: str, kind: str, channel: str, thread: str | None = None) -> Req:
         self.seq += 1
@@ -762,6 +807,17 @@ class Driver:
                 return elapsed
             await asyncio.sleep(0.25)
 
+    async def until_streaming(self, reqs: Sequence[Req], deadline_s: float) -> None:
+        """Until every request's first answer text has reached the fake platform (polled every
+        10 ms), or ``deadline_s`` passes (the step then records how many were streaming)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < deadline_s:
+            self.ws.collect(reqs)
+            if all(r.first_token is not None for r in reqs):
+                return
+            await asyncio.sleep(0.01)
+        self.say(f"incident: not every follow-up streaming after {deadline_s:.0f} s; urgent sent anyway")
+
     async def burst(self, n: int) -> list[Req]:
         reqs = self.mix(f"burst{n}", n)
         for r in reqs:
@@ -793,7 +849,8 @@ class Driver:
 
     async def incident(self) -> list[Req]:
         """56 threads answered first (kept apart as ``incident-seed``), then 56 follow-ups in them
-        (background lane, long answers) and, 0.3 s later, 8 urgent ``/rca``."""
+        (background lane, long answers) and 8 urgent ``/rca`` once every follow-up is streaming:
+        its first answer text seen at the fake platform (``--urgent-when``)."""
         chans = self.ws.channels
         seeds = [self.new("incident-seed", "mention", chans[i % len(chans)]) for i in range(INCIDENT_STREAMS)]
         for r in seeds:
@@ -804,7 +861,21 @@ class Driver:
         ]
         for r in follow:
             self.fire(r)
-        await asyncio.sleep(INCIDENT_URGENT_DELAY_S)
+        t0 = time.monotonic()
+        if self.args.urgent_when == "streaming":
+            await self.until_streaming(follow, self.args.pattern_timeout_s / 2)
+        else:
+            await asyncio.sleep(INCIDENT_URGENT_DELAY_S)
+        # what the urgent questions met: the claim "while 56 answers stream" is checked, not assumed
+        self.ws.collect(follow)
+        self.step_info = {
+            "urgent_after_s": round(time.monotonic() - t0, 3),
+            "followups": len(follow),
+            "followups_streaming_at_urgent": sum(
+                1 for r in follow if r.first_token is not None and r.final is None
+            ),
+            "followups_finished_at_urgent": sum(1 for r in follow if r.final is not None),
+        }
         urgent = [self.new("incident", "rca", chans[i % len(chans)]) for i in range(INCIDENT_URGENT)]
         for r in urgent:
             self.fire(r)
@@ -903,9 +974,11 @@ async def run_platform(
         out["startup_s"] = round(time.monotonic() - t_start, 1)
         say(f"{name}: opsbot ready in {out['startup_s']} s")
         # idle cost: what the process spends with nothing to do (pings, health, SLO guard)
-        c0, w0 = bot.cpu_s(), time.monotonic()
+        # (ns clocks, as the patterns: 10 ms ticks read 0 here)
+        i0, w0 = bot.cpu_ns_by_pid(), time.monotonic()
         await asyncio.sleep(args.idle_s)
-        out["idle_cpu_fraction"] = round((bot.cpu_s() - c0) / (time.monotonic() - w0), 4)
+        idle_ns = sum(ns - i0.get(pid, 0) for pid, ns in bot.cpu_ns_by_pid().items())
+        out["idle_cpu_fraction"] = round(idle_ns / 1e9 / (time.monotonic() - w0), 4)
         if args.profile and bot.proc is not None:
             for pid in bot.bot_pids():  # the profile starts now, in the host and in every worker
                 with contextlib.suppress(ProcessLookupError):
@@ -921,17 +994,32 @@ async def run_platform(
         for rate in args.sweep:
             label = f"sweep{rate:g}"
             steps.append((label, functools.partial(driver.poisson, rate, args.sweep_seconds, label, 0.0)))
+        seen: Counter[str] = Counter()
         for label, step in steps:
+            seen[label] += 1
+            driver.step_info = {}
             c0, m0, b0, w0 = bot.cpu_s(), bot.main_thread_cpu_s(), ws.cpu_s(), time.monotonic()
-            p0 = bot.cpu_by_process_s()
+            p0, n0 = bot.cpu_by_process_s(), bot.cpu_ns_by_pid()
             got = await step()
+            n1 = bot.cpu_ns_by_pid()
             wall = time.monotonic() - w0
+            for r in got:
+                r.episode = seen[label]
             reqs += got
             out["patterns"].append(
                 {
                     "pattern": label,
+                    "episode": seen[label],
                     "requests": len([r for r in got if r.pattern == label]),
+                    # every request sent in the window (an incident's 56 seeds too): the CPU
+                    # the window measured is divided by these
+                    "requests_in_window": len(got),
                     "wall_s": round(wall, 2),
+                    # a worker started in the window counts from 0; one that died in it loses
+                    # its last reading (restarts are in the bot's log)
+                    "opsbot_cpu_ns": sum(ns - n0.get(pid, 0) for pid, ns in n1.items()),
+                    "opsbot_cpu_ns_by_pid": {str(pid): ns - n0.get(pid, 0) for pid, ns in n1.items()},
+                    **driver.step_info,
                     "opsbot_cpu_s": round(bot.cpu_s() - c0, 3),
                     "opsbot_main_thread_cpu_s": round(bot.main_thread_cpu_s() - m0, 3),
                     "bench_cpu_s": round(ws.cpu_s() - b0, 3),
@@ -945,6 +1033,12 @@ async def run_platform(
             )
             if not bot.alive():
                 raise RuntimeError(f"opsbot died during {label}:\n{bot.tail()}")
+            if label.startswith("sweep"):
+                verdict = await sweep_now(bot, ws, got, args.sweep_submit_p99_ms)
+                say(f"{label}: {verdict}")
+                if args.sweep_stop and not verdict.startswith("sustained"):
+                    say(f"{label}: not sustained, the sweep ends here (--sweep-stop)")
+                    break
             await asyncio.sleep(args.pause_s)
     except Exception as exc:
         logger.exception("%s failed", name)
@@ -975,10 +1069,33 @@ async def run_platform(
     return out
 
 
+async def sweep_now(bot: BotProcess, ws: Workspace, got: Sequence[Req], limit_ms: float) -> str:
+    """The verdict on one swept rate while the bot still runs (the report's own comes from the same
+    rows and submit records at the end): ``sustained ...`` or ``not sustained ...``."""
+    ws.collect(got)
+    await bot.flush_submits()
+    rows, submits = bot.rows(), bot.submits()
+    lost = dup = 0
+    delays = []
+    for r in got:
+        mine = rows.get(r.user, [])
+        lost += not r.answers or not mine
+        dup += r.answers > 1 or len(mine) > 1
+        sub = submits.get(str(mine[0]["request_id"])) if mine else None
+        if sub is not None and r.sent is not None:
+            delays.append((float(sub["submitted"]) - r.sent) * 1000)
+    p99 = pct(delays, 99)
+    ok = lost == 0 and dup == 0 and p99 is not None and p99 <= limit_ms
+    shown = "–" if p99 is None else f"{p99:.1f}"
+    text = f"{len(got)} requests, submit P99 {shown} ms, {lost} lost, {dup} duplicated"
+    return ("sustained: " if ok else "not sustained: ") + text
+
+
 def request_json(r: Req) -> dict[str, Any]:
     out: dict[str, Any] = {
         "seq": r.seq,
         "pattern": r.pattern,
+        "episode": r.episode,
         "kind": r.kind,
         "channel": r.channel,
         "answers": r.answers,
@@ -1018,60 +1135,151 @@ def request_json(r: Req) -> dict[str, Any]:
 
 
 def pct(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile by nearest rank: the value at rank ceil(p/100 * n) of the sorted
+    values, a value that was measured (no interpolation toward a lower neighbour). For n <= 100,
+    P99 is the largest value: a burst of 64's P99 is its slowest request; of 128 pooled requests,
+    the second slowest."""
     xs = sorted(values)
     if not xs:
         return None
-    k = (len(xs) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    rank = math.ceil(round(p * len(xs) / 100, 9))  # round: 0.99 * 100 must not become rank 100.0001
+    return xs[min(max(rank, 1), len(xs)) - 1]
+
+
+def with_episodes(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's requests, each with its ``episode`` (results before issue 40 lack it: a pattern run
+    k times is then cut into k equal shares in sending order, as it was sent)."""
+    reqs = sorted(run.get("requests", []), key=lambda r: r["seq"])
+    if all("episode" in r for r in reqs):
+        return reqs
+    runs = Counter(step["pattern"] for step in run.get("patterns", []))
+    by_pattern: dict[str, list[dict[str, Any]]] = {}
+    for r in reqs:
+        by_pattern.setdefault(r["pattern"], []).append(r)
+    out = []
+    for pattern, mine in by_pattern.items():
+        k = runs.get(pattern) or runs.get(pattern.split("-")[0]) or 1
+        share = max(len(mine) // k, 1)
+        out += [{**r, "episode": min(i // share + 1, k)} for i, r in enumerate(mine)]
+    return sorted(out, key=lambda r: r["seq"])
+
+
+def _cpu_ns(step: dict[str, Any]) -> float:
+    """A pattern window's opsbot CPU in ns (from the clock ticks of results before issue 40)."""
+    return float(step["opsbot_cpu_ns"]) if "opsbot_cpu_ns" in step else step["opsbot_cpu_s"] * 1e9
+
+
+def cpu_cells(steps: Sequence[dict[str, Any]], idle: float) -> dict[str, Any]:
+    """CPU of one or several windows of a pattern, pooled: the windows' CPU over the requests sent in
+    them (an incident's window holds its seeds, its follow-ups and its urgent questions)."""
+    if not all("wall_s" in s for s in steps):  # a result without CPU readings
+        return {}
+    n = sum(s.get("requests_in_window", s.get("requests", 0)) for s in steps)
+    wall = sum(s["wall_s"] for s in steps)
+    if not n or not wall:
+        return {}
+    cpu_ns = sum(_cpu_ns(s) for s in steps)
+    out: dict[str, Any] = {
+        "requests_in_window": n,
+        "opsbot_cpu_ms_per_request": round(cpu_ns / 1e6 / n, 3),
+        "opsbot_cpu_ms_per_request_less_idle": round((cpu_ns / 1e9 - idle * wall) * 1000 / n, 3),
+        "opsbot_cpu_fraction": round(cpu_ns / 1e9 / wall, 3),
+        "bench_cpu_fraction": round(sum(s["bench_cpu_s"] for s in steps) / wall, 3),
+        "loadavg_1m": round(max(s["loadavg"][0] for s in steps), 2),
+    }
+    if all(s.get("opsbot_main_thread_cpu_s") is not None for s in steps):  # absent in older results
+        out["opsbot_main_thread_cpu_ms_per_request"] = round(
+            sum(s["opsbot_main_thread_cpu_s"] for s in steps) * 1000 / n, 3
+        )
+    return out
+
+
+def stage_cells(sel: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Counts, loss, duplicates and each stage's P50 / P99 of some requests."""
+    row: dict[str, Any] = {
+        "n": len(sel),
+        "lost": sum(1 for r in sel if not r["answers"] or not r["rows"]),
+        "duplicated": sum(1 for r in sel if r["answers"] > 1 or r["rows"] > 1),
+        "not_ok": sum(1 for r in sel if r.get("status") not in (None, "ok")),
+    }
+    for key in (
+        *(f"{s}_ms" for s in STAGES),
+        "submit_ms",
+        "row_queue_ms",
+        "row_context_ms",
+        "row_ttft_ms",
+        "row_tpot_ms",
+    ):
+        vals = [r[key] for r in sel if r.get(key) is not None]
+        row[key] = {"p50": _r(pct(vals, 50)), "p99": _r(pct(vals, 99)), "n": len(vals)}
+    return row
 
 
 def summarize(platform_run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per pattern (and per kind inside it): counts, loss, duplicates, stage percentiles, CPU."""
+    """Per pattern and kind: one row per episode (``episode`` 1, 2, ...) and, for a pattern run more
+    than once, the episodes pooled (``episode`` ``pooled``); ``episodes`` says how many it had.
+    CPU: each episode's window, and the windows pooled."""
     out = []
-    reqs = platform_run.get("requests", [])
-    cpu = {p["pattern"]: p for p in platform_run.get("patterns", [])}
+    reqs = with_episodes(platform_run)
+    steps = platform_run.get("patterns", [])
     idle = platform_run.get("idle_cpu_fraction") or 0.0
     for pattern in dict.fromkeys(r["pattern"] for r in reqs):
         mine = [r for r in reqs if r["pattern"] == pattern]
-        for kind in ("all", *sorted({r["kind"] for r in mine})):
-            sel = mine if kind == "all" else [r for r in mine if r["kind"] == kind]
-            if kind != "all" and len({r["kind"] for r in mine}) == 1:
-                continue
-            row: dict[str, Any] = {
-                "platform": platform_run["platform"],
-                "pattern": pattern,
-                "kind": kind,
-                "n": len(sel),
-                "lost": sum(1 for r in sel if not r["answers"] or not r["rows"]),
-                "duplicated": sum(1 for r in sel if r["answers"] > 1 or r["rows"] > 1),
-                "not_ok": sum(1 for r in sel if r.get("status") not in (None, "ok")),
-            }
-            for key in (
-                *(f"{s}_ms" for s in STAGES),
-                "submit_ms",
-                "row_queue_ms",
-                "row_context_ms",
-                "row_ttft_ms",
-                "row_tpot_ms",
-            ):
-                vals = [r[key] for r in sel if r.get(key) is not None]
-                row[key] = {"p50": _r(pct(vals, 50)), "p99": _r(pct(vals, 99)), "n": len(vals)}
-            step = cpu.get(pattern)
-            if step and kind == "all" and step["requests"]:
-                busy = step["opsbot_cpu_s"] - idle * step["wall_s"]
-                row["opsbot_cpu_ms_per_request"] = round(step["opsbot_cpu_s"] * 1000 / step["requests"], 3)
-                row["opsbot_cpu_ms_per_request_less_idle"] = round(busy * 1000 / step["requests"], 3)
-                row["opsbot_cpu_fraction"] = round(step["opsbot_cpu_s"] / step["wall_s"], 3)
-                if step.get("opsbot_main_thread_cpu_s") is not None:  # absent in older results
-                    row["opsbot_main_thread_cpu_ms_per_request"] = round(
-                        step["opsbot_main_thread_cpu_s"] * 1000 / step["requests"], 3
-                    )
-                row["bench_cpu_fraction"] = round(step["bench_cpu_s"] / step["wall_s"], 3)
-                row["loadavg_1m"] = round(step["loadavg"][0], 2)
-            out.append(row)
+        eps = sorted({r["episode"] for r in mine})
+        windows = [dict(s) for s in steps if s["pattern"] == pattern]  # copies: counts are added
+        for i, step in enumerate(windows, 1):
+            if "requests_in_window" not in step:  # before issue 40: count the episode's own and seeds
+                ep = step.get("episode", i)
+                step["requests_in_window"] = sum(
+                    1 for r in reqs if r["episode"] == ep and r["pattern"] in (pattern, f"{pattern}-seed")
+                )
+        groups: list[tuple[int | str, list[dict[str, Any]], list[dict[str, Any]]]] = []
+        for ep in eps:
+            # results before issue 40 have no episode per step: the k-th step of a pattern is episode k
+            own = [s for i, s in enumerate(windows, 1) if s.get("episode", i) == ep]
+            groups.append((ep, [r for r in mine if r["episode"] == ep], own))
+        if len(eps) > 1:
+            groups.append(("pooled", mine, windows))
+        for ep, sel_ep, own in groups:
+            kinds = sorted({r["kind"] for r in sel_ep})
+            for kind in ("all", *kinds) if len(kinds) > 1 else ("all",):
+                sel = sel_ep if kind == "all" else [r for r in sel_ep if r["kind"] == kind]
+                row: dict[str, Any] = {
+                    "platform": platform_run["platform"],
+                    "pattern": pattern,
+                    "episode": ep,
+                    "episodes": len(eps),
+                    "kind": kind,
+                    **stage_cells(sel),
+                }
+                if kind == "all" and own:
+                    row.update(cpu_cells(own, idle))
+                    infos = [s for s in own if "followups_streaming_at_urgent" in s]
+                    if infos:
+                        row["followups_streaming_at_urgent"] = min(
+                            s["followups_streaming_at_urgent"] for s in infos
+                        )
+                        row["urgent_after_s"] = max(s["urgent_after_s"] for s in infos)
+                out.append(row)
     return out
+
+
+def worst_episodes(summary: Sequence[dict[str, Any]], stage: str = "first_token_ms") -> list[dict[str, Any]]:
+    """Per platform, pattern and kind: the episode whose ``stage`` P99 is the worst, beside the
+    pooled P99: the headline of a repeated burst is its worst episode, not the pool."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    pooled: dict[tuple[str, str, str], float | None] = {}
+    for row in summary:
+        key = (row["platform"], row["pattern"], row["kind"])
+        p99 = row[stage]["p99"]
+        if row["episode"] == "pooled" or row["episodes"] == 1:
+            pooled[key] = p99
+        if row["episode"] == "pooled" or p99 is None:
+            continue
+        if key not in best or p99 > best[key]["p99"]:
+            best[key] = {"platform": key[0], "pattern": key[1], "kind": key[2], "episode": row["episode"],
+                         "episodes": row["episodes"], "p99": p99}  # fmt: skip
+    return [{**v, "pooled_p99": pooled.get(k)} for k, v in best.items()]
 
 
 def _r(value: float | None) -> float | None:
@@ -1085,11 +1293,19 @@ def sweep_verdict(summary: list[dict[str, Any]], submit_p99_ms: float) -> dict[s
     for row in summary:
         if not row["pattern"].startswith("sweep") or row["kind"] != "all":
             continue
+        if row["episode"] != "pooled" and row["episodes"] > 1:
+            continue
         rate = float(row["pattern"].removeprefix("sweep"))
         p99 = row["submit_ms"]["p99"]
         ok = row["lost"] == 0 and row["duplicated"] == 0 and p99 is not None and p99 <= submit_p99_ms
         best = out.setdefault(row["platform"], {"sustained_per_s": None, "rates": {}})
-        best["rates"][f"{rate:g}"] = {"ok": ok, "submit_p99_ms": p99, "lost": row["lost"]}
+        best["rates"][f"{rate:g}"] = {
+            "ok": ok, "n": row["n"], "submit_p50_ms": row["submit_ms"]["p50"], "submit_p99_ms": p99,
+            "lost": row["lost"], "duplicated": row["duplicated"],
+            "cpu_ms_per_request": row.get("opsbot_cpu_ms_per_request"),
+            "opsbot_cpu_fraction": row.get("opsbot_cpu_fraction"),
+            "bench_cpu_fraction": row.get("bench_cpu_fraction"),
+        }  # fmt: skip
         if ok and (best["sustained_per_s"] is None or rate > best["sustained_per_s"]):
             best["sustained_per_s"] = rate
     return out
@@ -1110,6 +1326,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# End-to-end benchmark ({meta['date']})",
         "",
         f"- command: `{meta['command']}`",
+        f"- commit: {meta.get('commit', 'not recorded (before issue 40)')}",
         f"- host: {meta['host']}, {meta['cpu']}, {meta['cores']} cores, load average at start "
         f"{meta['loadavg_start']}; GPU: {meta.get('gpu') or 'none'}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
@@ -1118,47 +1335,83 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['config'].get('event_loop_resolved', 'asyncio')}, "
         f"{report['config'].get('workers', 1)} bot process(es) (workers)",
         "",
-        "Times in ms after the event left the fake platform, P50 / P99. *first token* is the first "
-        "answer text the fake server received; *submit* is the engine's submit; *queue / TTFT / TPOT* "
-        "are the request row's.",
+        "Times in ms after the event left the fake platform, P50 / P99 by nearest rank (P99 of 100 "
+        "or fewer requests is the slowest one). Every episode of a pattern is a row; `pooled` rows "
+        "join a repeated pattern's episodes. *first token* is the first answer text the fake server "
+        "received; *submit* is the engine's submit; *queue / TTFT / TPOT* are the request row's; "
+        "*CPU ms/req* is every opsbot process's CPU (engine host and workers, ns clocks) in the "
+        "pattern's window over the requests sent in it.",
         "",
-        "| platform | pattern | kind | n | lost | dup | ack | sign of life | placeholder | first token "
-        "| final | submit | queue | TTFT | TPOT | CPU ms/req |",
-        "|---|---|---|---:|---:|---:|---|---|---|---|---|---|---|---|---|---:|",
+        "| platform | pattern | episode | kind | n | lost | dup | ack | sign of life | placeholder "
+        "| first token | final | submit | queue | TTFT | TPOT | CPU ms/req |",
+        "|---|---|---|---|---:|---:|---:|---|---|---|---|---|---|---|---|---|---:|",
     ]
     for row in report["summary"]:
         cpu = row.get("opsbot_cpu_ms_per_request")
         lines.append(
-            f"| {row['platform']} | {row['pattern']} | {row['kind']} | {row['n']} | {row['lost']} | "
+            f"| {row['platform']} | {row['pattern']} | {row.get('episode', 'pooled')} | {row['kind']} | "
+            f"{row['n']} | {row['lost']} | "
             f"{row['duplicated']} | {fmt(row['ack_ms'])} | {fmt(row['sign_of_life_ms'])} | "
             f"{fmt(row['placeholder_ms'])} | {fmt(row['first_token_ms'])} | {fmt(row['final_ms'])} | "
             f"{_fmt_submit(row['submit_ms'])} | {fmt(row['row_queue_ms'])} | {fmt(row['row_ttft_ms'])} | "
             f"{_fmt_submit(row['row_tpot_ms'])} | {'' if cpu is None else f'{cpu:.2f}'} |"
         )
+    worst = [w for w in report.get("worst", []) if w["episodes"] > 1]
+    if worst:
+        lines += [
+            "",
+            "## Worst episode beside the pool (the headline is the worst)",
+            "",
+            "| platform | pattern | kind | episodes | worst episode | its first token P99 | pooled P99 |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {w['platform']} | {w['pattern']} | {w['kind']} | {w['episodes']} | {w['episode']} | "
+            f"**{w['p99']:.0f}** | {w['pooled_p99']:.0f} |"
+            for w in worst
+            if w["pooled_p99"] is not None
+        ]
+    urgent = [
+        r for r in report["summary"] if "followups_streaming_at_urgent" in r and r["episode"] != "pooled"
+    ]
+    if urgent:
+        sent_when = [
+            f"{r['platform']} episode {r['episode']}: {r['followups_streaming_at_urgent']} follow-ups "
+            f"streaming after {r['urgent_after_s']} s"
+            for r in urgent
+        ]
+        lines += ["", "Urgent `/rca` sent when: " + "; ".join(sent_when)]
     cpu_rows = [r for r in report["summary"] if r.get("opsbot_cpu_ms_per_request") is not None]
     if cpu_rows:
         lines += [
             "",
             "## opsbot's own cost",
             "",
-            "| platform | pattern | CPU ms / request | less idle | event loop thread ms / request "
-            "| opsbot CPU share | bench CPU share | load 1 min |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
+            "| platform | pattern | episode | requests in window | CPU ms / request | less idle "
+            "| event loop thread ms / request | opsbot CPU share | bench CPU share | load 1 min |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in cpu_rows:
             main = r.get("opsbot_main_thread_cpu_ms_per_request")
             lines.append(
-                f"| {r['platform']} | {r['pattern']} | {r['opsbot_cpu_ms_per_request']:.2f} | "
+                f"| {r['platform']} | {r['pattern']} | {r.get('episode', 'pooled')} | "
+                f"{r.get('requests_in_window', r['n'])} | {r['opsbot_cpu_ms_per_request']:.2f} | "
                 f"{r['opsbot_cpu_ms_per_request_less_idle']:.2f} | {'' if main is None else f'{main:.2f}'} | "
                 f"{r['opsbot_cpu_fraction']:.2f} | "
                 f"{r['bench_cpu_fraction']:.2f} | {r['loadavg_1m']} |"
             )
     if report.get("sweep"):
-        lines += ["", "## Highest sustained mention rate", ""]
+        limit = report["config"]["sweep_submit_p99_ms"]
+        lines += [
+            "",
+            f"## Highest sustained mention rate (submit P99 <= {limit:g} ms, 0 lost, 0 duplicated)",
+            "",
+        ]
         for name, verdict in report["sweep"].items():
             rates = ", ".join(
-                f"{rate}/s {'ok' if v['ok'] else 'NOT sustained'} (submit P99 {v['submit_p99_ms']} ms, "
-                f"{v['lost']} lost)"
+                f"{rate}/s {'ok' if v['ok'] else 'NOT sustained'} (n {v.get('n', '?')}, submit P50 / P99 "
+                f"{v.get('submit_p50_ms')} / {v['submit_p99_ms']} ms, {v['lost']} lost, "
+                f"CPU {v.get('cpu_ms_per_request')} ms/req, opsbot CPU share {v.get('opsbot_cpu_fraction')})"
                 for rate, v in verdict["rates"].items()
             )
             lines.append(f"- {name}: **{verdict['sustained_per_s']}/s** ({rates})")
@@ -1229,6 +1482,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def write_report(report: dict[str, Any], out: Path) -> None:
     report["summary"] = [row for run in report["runs"] for row in summarize(run)]
+    report["worst"] = worst_episodes(report["summary"])
     report["sweep"] = sweep_verdict(report["summary"], report["config"]["sweep_submit_p99_ms"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, separators=(",", ":")) + "\n")
@@ -1254,6 +1508,7 @@ def meta(argv: Sequence[str]) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(shlex.quote(a) for a in argv),
         "host": platform.node(),
+        "commit": source_commit(ROOT),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
@@ -1428,12 +1683,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sweep", default="", help="comma list of mention rates per second for the sustained-rate sweep"
     )
-    p.add_argument("--sweep-seconds", type=float, default=10.0, help="arrival window of each sweep rate")
+    p.add_argument(
+        "--sweep-seconds",
+        type=float,
+        default=60.0,
+        help="arrival window of each swept rate (issue 40: >= 60)",
+    )
     p.add_argument(
         "--sweep-submit-p99-ms",
         type=float,
-        default=100.0,
+        default=25.0,
         help="a swept rate is sustained when event -> engine submit P99 stays within this",
+    )
+    p.add_argument(
+        "--sweep-stop",
+        action="store_true",
+        help="end the sweep at the first rate not sustained (rates rising: the ones above it are lost)",
+    )
+    p.add_argument(
+        "--urgent-when",
+        choices=["streaming", "delay"],
+        default="streaming",
+        help="incident: send the urgent /rca once every follow-up shows answer text at the fake "
+        f"platform (streaming), or {INCIDENT_URGENT_DELAY_S} s after the follow-ups (delay, before issue 40)",
     )
     p.add_argument(
         "--budgets",
@@ -1515,6 +1787,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.sweep = [float(x) for x in args.sweep.split(",") if x]
     except ValueError:
         p.error(f"--sweep takes rates like 25,50,100, got {args.sweep!r}")
+    if args.profile:  # the bot runs in its own folder: a relative path would land there
+        args.profile = str(Path(args.profile).resolve())
     if args.model and Path(args.model).exists():  # the bot runs in its own folder
         args.model = str(Path(args.model).resolve())
     if args.engine == "openai" and not args.base_url:
@@ -1545,6 +1819,8 @@ async def main_async(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "event_loop_resolved": event_loop.resolve(args.event_loop),
             "max_model_len": args.max_model_len,
             "sweep_submit_p99_ms": args.sweep_submit_p99_ms,
+            "sweep_seconds": args.sweep_seconds,
+            "urgent_when": args.urgent_when,
         },
         "runs": [],
     }

@@ -21,9 +21,11 @@ folder's (``engine.model``; unset: the tiny offline test model), so prompts are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -137,12 +139,16 @@ class SyntheticEngine(Engine):
 
 class RecordingEngine(WrappedEngine):
     """Wraps an engine; notes each request's submit time, lane, scenario and prompt ids (in memory,
-    a list append per request), and writes them to ``path`` as JSON lines at shutdown."""
+    a list append per request), and writes them to ``path`` as JSON lines at shutdown, and on
+    SIGUSR2 (the bench's capacity sweep reads a rate's submits between rates, while the bot runs)."""
 
     def __init__(self, inner: Engine, path: Path) -> None:
         super().__init__(inner)
         self.path = path
         self._records: list[tuple[str, float, str, str, int, Sequence[int] | None]] = []
+        # The handler runs on the main thread between bytecodes, never beside an append.
+        with contextlib.suppress(ValueError):  # not the main thread: no mid-run reads
+            signal.signal(signal.SIGUSR2, lambda *_: self.write())
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         self._records.append(
@@ -164,8 +170,9 @@ class RecordingEngine(WrappedEngine):
             self.write()
 
     def write(self) -> None:
-        """Write every record so far (the file is replaced)."""
-        with self.path.open("w") as out:
+        """Write every record so far (the file is replaced whole: a reader never sees half)."""
+        part = self.path.with_suffix(".part")
+        with part.open("w") as out:
             for request_id, at, lane, scenario, max_tokens, ids in self._records:
                 row: dict[str, Any] = {
                     "request_id": request_id,
@@ -176,6 +183,7 @@ class RecordingEngine(WrappedEngine):
                     "prompt_token_ids": list(ids) if ids is not None else None,
                 }
                 out.write(json.dumps(row) + "\n")
+        part.replace(self.path)
 
     def __getattr__(self, name: str) -> Any:  # engine-specific extras (startup_s, ...)
         return getattr(self.inner, name)

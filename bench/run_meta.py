@@ -26,6 +26,7 @@ def run_meta(argv: Sequence[str]) -> dict[str, Any]:
         "command": "python " + shlex.join(argv),
         "python": platform.python_version(),
         "host": platform.node(),
+        "commit": source_commit(Path(__file__).resolve().parent),
     }
     info["gpu"] = gpu_line() or f"no GPU ({os.cpu_count()} CPU cores, {platform.machine()})"
     info.update(package_versions("vllm", "torch", "transformers"))
@@ -113,6 +114,29 @@ def git_commit(folder: Path) -> str:
         check=False,
     )
     return done.stdout.strip() or "unknown"
+
+
+COMMIT_ENV = "OPSBOT_GIT_COMMIT"
+"""Set by the caller where the tree has no .git (the device machine gets a copy of the working
+tree): the commit that tree was copied from."""
+
+
+def source_commit(folder: Path) -> str:
+    """The commit the code under ``folder`` is: :data:`COMMIT_ENV` where set, else git's short
+    HEAD, with ``+dirty`` when tracked files differ from it (the numbers are then of code no
+    commit holds)."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    commit = git_commit(folder)
+    if commit == "unknown":
+        return commit
+    dirty = subprocess.run(
+        ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return commit + ("+dirty" if dirty else "")
 
 
 def write_results(stem: Path, payload: dict[str, Any], lines: Sequence[str]) -> None:

@@ -14,6 +14,9 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "engine_bench.py"
 
 
 def load_bench():  # type: ignore[no-untyped-def]
+    # the bench imports its siblings (run_meta) as a script would, from its own folder
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("engine_bench_under_test", BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -8,3 +8,5 @@ export PYTHONUNBUFFERED=1
 export OPSBOT_TEST_MODELS=$PWD/.pytest_cache/opsbot-models
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p "${OUT:-/tmp/out}"
+# The commit the copied tree is (it has no .git): the caller passes it, every result names it.
+[ -n "${OPSBOT_GIT_COMMIT:-}" ] || echo "OPSBOT_GIT_COMMIT is not set: results will say commit unknown" >&2

@@ -7,7 +7,9 @@
 # 256 s, later ones about a minute, so run it as two calls:
 #   STEPS="1 2" bench/h200/workers.sh   -> $OUT/e2e-workers1.{json,md}, $OUT/e2e-raw-workers1.{json,md}
 #   STEPS="4" bench/h200/workers.sh     -> $OUT/e2e-workers4.{json,md,png}   (any N: STEPS="8")
-# usage: STEPS="1 2 4 ..." bench/h200/workers.sh [extra e2e_bench.py args]
+# Issue 40: RUN=k names this run's files (e2e-workers4-run2.json, ...): three runs of the same
+# steps, each on fresh engines, are what bench/episodes.py takes (median and worst per episode).
+# usage: [RUN=k] STEPS="1 2 4 ..." bench/h200/workers.sh [extra e2e_bench.py args]
 #   a number is a bot run with that many workers; "raw" (or 2 right after 1) is raw AsyncLLM fed
 #   the prompt ids of the bot run just before it (STEPS="4 raw": the 4-worker run and its baseline);
 #   "openaiN" is the remote-server design: the same bot with N workers and engine.backend = "openai"
@@ -36,22 +38,25 @@ run() {  # run LIMIT_S NAME ARGS...
   return "$rc"
 }
 status=0
+tag=${RUN:+-run$RUN}
 prev=
 for s in ${STEPS:-1 2}; do
+  # every step starts its own engine: wait until the last one's engine core gave its memory back
+  python3 -c 'import sys; sys.path.insert(0, "bench"); from run_meta import wait_for_gpu_memory as w; w(0.9, 90)'
   if [ "$s" = raw ] || { [ "$s" = 2 ] && [ "$prev" = 1 ]; }; then
-    run 150 "e2e-raw-workers$prev" --raw-replay "$OUT/e2e-workers$prev.json" || status=1
+    run 150 "e2e-raw-workers$prev$tag" --raw-replay "$OUT/e2e-workers$prev$tag.json" || status=1
   elif [[ $s == openai* ]]; then
     source bench/h200/serve.sh
-    if serve_start "$OUT/vllm-serve.log"; then
-      run 300 "e2e-openai-workers${s#openai}" "${common[@]}" --workers "${s#openai}" --engine openai \
+    if serve_start "$OUT/vllm-serve$tag.log"; then
+      run 300 "e2e-openai-workers${s#openai}$tag$SERVE_TAG" "${common[@]}" --workers "${s#openai}" --engine openai \
         --base-url "$SERVE_URL" --served-model-name $SERVE_NAME "$@" || status=1
     else
       status=1
     fi
     serve_stop
-    gzip -f "$OUT/vllm-serve.log"
+    gzip -f "$OUT/vllm-serve$tag.log"
   else
-    run 480 "e2e-workers$s" "${common[@]}" "${vllm[@]}" --workers "$s" "$@" || status=1
+    run 480 "e2e-workers$s$tag" "${common[@]}" "${vllm[@]}" --workers "$s" "$@" || status=1
   fi
   prev=$s
 done

@@ -17,6 +17,7 @@ Nothing here is reachable from the engine: the model's output can at most become
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -186,7 +187,7 @@ class ActionService:
             target=spec.target,
             spec=spec.canonical(),
             digest=spec.digest(),
-            evidence=_json(lines),
+            evidence=json.dumps(lines),
             diff=str(redact(dry.diff)),
             summary=dry.summary,
             risk=RISK[spec.action],
@@ -407,9 +408,3 @@ class ActionService:
 
 def _mention(click: Click) -> str:
     return f"<@{click.user}>" if click.platform == "slack" else f"@{click.user_name or click.user}"
-
-
-def _json(lines: list[str]) -> str:
-    import json
-
-    return json.dumps(lines)

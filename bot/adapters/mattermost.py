@@ -47,6 +47,7 @@ import aiohttp
 from aiohttp import web
 
 from bot.access import AccessPolicy, mattermost_author
+from bot.actions.approval import Click
 from bot.actions.cards import MATTERMOST_CONTEXT_ACTION, mattermost_props
 from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.mattermost_rest import (
@@ -966,8 +967,6 @@ class MattermostAdapter(ChatAdapter):
             return web.json_response(
                 {"ephemeral_text": ":no_entry: Actions are turned off here; nothing was done."}
             )
-        from bot.actions.approval import Click
-
         name = body.get("user_name")
         click = Click(PLATFORM, str(context.get("value", "")), user, channel, str(name) if name else None)
         return web.json_response({"ephemeral_text": await self.actions.decide(click)})

@@ -46,6 +46,8 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.access import AccessPolicy, slack_author
+from bot.actions.approval import Click
+from bot.actions.cards import slack_blocks
 from bot.adapters.base import ChatAdapter, Housekeeping, MessageSink, ReplyStream
 from bot.adapters.ratelimit import (
     STALL_AFTER_S,
@@ -697,8 +699,6 @@ class SlackAdapter(ChatAdapter):
         if self.actions is None:
             text = ":no_entry: Actions are turned off here; nothing was done."
         else:
-            from bot.actions.approval import Click
-
             name = (body.get("user") or {}).get("username")
             click = Click(PLATFORM, str(action.get("value", "")), user, channel, str(name) if name else None)
             text = await self.actions.decide(click)
@@ -713,8 +713,6 @@ class SlackAdapter(ChatAdapter):
 
     async def post_card(self, channel: str, thread_id: str | None, card: Card) -> str:
         """Post a proposal card (Block Kit) into ``thread_id``'s thread; its ``ts``."""
-        from bot.actions.cards import slack_blocks
-
         params: dict[str, Any] = {
             "channel": channel,
             "text": fallback_text(markdown_to_mrkdwn(card.title)),
@@ -727,8 +725,6 @@ class SlackAdapter(ChatAdapter):
 
     async def update_card(self, channel: str, card_id: str, card: Card) -> None:
         """Replace a posted card (``chat.update``): decided, its buttons gone."""
-        from bot.actions.cards import slack_blocks
-
         params = {"channel": channel, "ts": card_id, "text": card.title, "blocks": slack_blocks(card)}
         await self.call("chat.update", params, channel=channel)
 

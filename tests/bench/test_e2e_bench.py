@@ -48,7 +48,7 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "burst8: [####################] 8/8 answered" in done.stderr  # the progress bar
     report = json.loads(out.read_text())
-    assert {"date", "command", "cpu", "cores", "versions"} <= report["meta"].keys()
+    assert {"date", "command", "commit", "cpu", "cores", "versions"} <= report["meta"].keys()
     for run_ in report["runs"]:
         reqs = run_["requests"]
         assert len(reqs) == 8 and len({r["seq"] for r in reqs}) == 8
@@ -69,7 +69,13 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
     assert summary[("slack-http", "all")]["lost"] == 0 and summary[("mattermost", "all")]["duplicated"] == 0
     assert summary[("slack-http", "all")]["opsbot_cpu_ms_per_request"] > 0
     md = out.with_suffix(".md").read_text()
-    assert "| slack-http | burst8 | all | 8 | 0 | 0 |" in md
+    assert "| slack-http | burst8 | 1 | all | 8 | 0 | 0 |" in md
+    assert report["meta"]["commit"] != "unknown"  # provenance: the code the numbers are of
+    for run_ in report["runs"]:
+        (step,) = run_["patterns"]
+        # CPU from the kernel's ns clocks of every bot process, divided by the requests in the window
+        assert step["requests_in_window"] == 8 and step["opsbot_cpu_ns"] > 0
+        assert step["opsbot_cpu_ns"] == sum(step["opsbot_cpu_ns_by_pid"].values())
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     # --render redraws the same report from the JSON alone
     out.with_suffix(".md").unlink()
@@ -80,11 +86,41 @@ def test_a_burst_is_accounted_for_request_by_request(tiny_model: Path, tmp_path:
 
 def test_the_sweep_keeps_the_highest_rate_without_loss_or_late_submits() -> None:
     def row(rate: int, lost: int, p99: float | None) -> dict[str, object]:
-        return {"platform": "slack-socket", "pattern": f"sweep{rate}", "kind": "all", "lost": lost,
-                "duplicated": 0, "submit_ms": {"p50": 1.0, "p99": p99, "n": 10}}  # fmt: skip
+        return {"platform": "slack-socket", "pattern": f"sweep{rate}", "episode": 1, "episodes": 1,
+                "kind": "all", "n": 10, "lost": lost, "duplicated": 0,
+                "submit_ms": {"p50": 1.0, "p99": p99, "n": 10}}  # fmt: skip
 
     verdict = sweep_verdict([row(25, 0, 3.0), row(50, 0, 9.0), row(100, 0, 400.0), row(150, 2, 2.0)], 100.0)
     assert verdict["slack-socket"]["sustained_per_s"] == 50
     assert verdict["slack-socket"]["rates"]["100"]["ok"] is False
     assert verdict["slack-socket"]["rates"]["150"]["ok"] is False
     assert STAGES[0] == "ack" and STAGES[-1] == "final"
+
+
+@pytest.mark.slow
+def test_the_urgent_rca_goes_out_once_every_follow_up_streams(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "incident.json"
+    done = run(
+        [
+            "--engine", "synthetic", "--model", str(tiny_model), "--platforms", "slack-socket",
+            "--patterns", "incident", "--channels", "4", "--answer-tokens", "48", "--rca-tokens", "8",
+            "--tokens-per-s", "40", "--idle-s", "0.2", "--pause-s", "0", "--pattern-timeout-s", "60",
+            "--workdir", str(tmp_path), "--out", str(out),
+        ],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_,) = json.loads(out.read_text())["runs"]
+    reqs = [r for r in run_["requests"] if r["pattern"] == "incident"]
+    follow = [r for r in reqs if r["kind"] == "followup"]
+    urgent = [r for r in reqs if r["kind"] == "rca"]
+    assert len(follow) == 56 and len(urgent) == 8
+    # on the one clock: every follow-up's first answer text reached the fake before any urgent left
+    last_first_text = max(r["sent_s"] + r["first_token_ms"] / 1000 for r in follow)
+    assert last_first_text <= min(r["sent_s"] for r in urgent)
+    (step,) = [s for s in run_["patterns"] if s["pattern"] == "incident"]
+    assert (
+        step["followups"] == 56
+        and step["followups_streaming_at_urgent"] + step["followups_finished_at_urgent"] == 56
+    )
+    assert step["requests_in_window"] == 120  # seeds, follow-ups and urgent: the CPU's divisor

@@ -67,7 +67,8 @@ _METHOD = re.compile(
     r"^(auth|apps|assistant|bookmarks|bots|canvases|chat|conversations|dnd|emoji|files|pins|reactions|"
     r"reminders|search|stars|team|usergroups|users|views)\.[a-zA-Z]+(\.[a-zA-Z]+)?$"
 )
-_HOST = re.compile(r"\.(com|net|org|io|dev)$")  # chat.googleapis.com is a host name, not a method
+# chat.googleapis.com is a host name and chat.log a file name, not methods
+_HOST = re.compile(r"\.(com|net|org|io|dev|log|txt|json|jsonl|md|png|db|yaml|toml)$")
 
 
 @pytest.fixture(scope="module")

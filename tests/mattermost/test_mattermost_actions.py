@@ -174,3 +174,21 @@ async def test_fuzzed_action_requests_are_refused_and_nothing_is_applied(
     refused = [e for e in await svc.audit.events() if e.event == "refused"]
     assert len(refused) == len(tried)
     assert {e.user for e in refused} == {a.user for a in tried}
+
+
+async def test_ten_simultaneous_approve_clicks_apply_once(
+    fake: FakeMattermost, world: tuple[Bot, ActionService, dict[str, str]], kube: KubernetesSnapshotServer
+) -> None:
+    bot, svc, ids = world
+    where = ThreadRef("mattermost", ids["channel"], None, ids["asker"])
+    made = await svc.propose(
+        ActionSpec("delete_pod", {"kind": "pod", "namespace": NS, "name": "api-bbb222-2"}), ["x"], where
+    )
+    assert made.card_id
+    answers = await asyncio.gather(
+        *(fake.click_button(made.card_id, "Approve", ids["approver"]) for _ in range(10))
+    )
+    texts = [body["ephemeral_text"] for status, body in answers if status == 200]
+    assert len(texts) == 10
+    assert sum(t.startswith("Applied") for t in texts) == 1
+    assert applied(kube) == [f"DELETE /api/v1/namespaces/{NS}/pods/api-bbb222-2"]

@@ -406,8 +406,8 @@ def _worker_progress(err: Console) -> Callable[[str], None]:
 
 
 def chat_log_path(settings: Settings) -> Path:
-    """Where ``opsbot chat`` writes its log (``log_file``, else ``chat.log`` in ``data_dir``)."""
-    return settings.log_file or settings.data_dir / "chat.log"
+    """Where ``opsbot chat`` writes its log (``log_file``, else ``opsbot-chat.log`` in ``data_dir``)."""
+    return settings.log_file or settings.data_dir / "opsbot-chat.log"
 
 
 def _setup_logging(settings: Settings, *, debug: bool, command: str) -> None:

@@ -477,6 +477,13 @@ class KubernetesSettings(ConfigSection):
     the tail. 0: no logs."""
     list_limit: int = Field(2000, ge=1)
     """Most objects one list call reads per namespace (one page; a cut is noted in the footer)."""
+    read_configmaps: bool = True
+    """Read the ConfigMaps the pods in question reference (``env`` keys, ``envFrom``, volumes; one
+    ``get`` each, at most 4) and show the referenced keys' values, redacted like every section: a
+    wrong value in a ConfigMap (a database host, a feature flag) is often the whole incident and is
+    nowhere else. Needs ``get`` on ``configmaps`` in opsbot's Role, which ``deploy/base/rbac.yaml`` does not
+    grant: without it the first 403 stops the asking until restart and the section says why (no
+    failure). Secrets are never read whatever this says. ``false``: names and keys only."""
 
 
 class PrometheusSettings(ConfigSection):
@@ -913,7 +920,7 @@ class Settings(BaseSettings):
     """Log one JSON object per line (for log shippers) instead of text."""
     log_file: Path | None = None
     """File the log is appended to instead of stderr. Unset: stderr, except in ``opsbot chat``,
-    which writes ``chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
+    which writes ``opsbot-chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
     puts the log, at DEBUG, back on stderr)."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and

@@ -64,6 +64,11 @@ _ALERT_NAME = re.compile(r"\b([A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*){1,})\b")
 _ALERT_WORD = re.compile(r"\balert(?:name)?\s*[=:]?\s*[\"']?([A-Za-z_][A-Za-z0-9_:]*)", re.IGNORECASE)
 # A pod of a Deployment: <deployment>-<replicaset hash>-<5 chars>; of a StatefulSet: <name>-<ordinal>.
 _DEPLOYMENT_POD = re.compile(rf"\b({_NAME})-([a-z0-9]{{6,10}})-([a-z0-9]{{5}})\b")
+_IPV4 = re.compile(
+    r"(?<![\w.])((?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3})(?![\w]|\.\d)"
+)
+"""An IPv4 address pasted from a log or a dashboard (a port after it is fine): the cluster knows
+whose it is (a pod's, a Service's ClusterIP, a node's), so it is kept as a name."""
 _BARE_NAME = re.compile(r"(?<![\w/.:@=-])([a-z][a-z0-9]*(?:-[a-z0-9]+)+)(?![\w/.@=-])")
 # Words that look like object names but are ordinary hyphenated English or Kubernetes jargon.
 _NOT_NAMES = frozenset(
@@ -252,6 +257,9 @@ def from_text(
         if match.group(0) not in claimed and any(c.isdigit() for c in match.group(2)):
             found.add("pods", match.group(0))
             claimed.add(match.group(0))
+    for match in _IPV4.finditer(text):
+        found.add("names", match.group(1))
+        claimed.add(match.group(1))
     for match in _BARE_NAME.finditer(text):
         name = match.group(1)
         if name in claimed or name in _NOT_NAMES:

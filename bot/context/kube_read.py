@@ -44,9 +44,17 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "jobs": ("/apis/batch/v1", True),
     "cronjobs": ("/apis/batch/v1", True),
 }
-"""Every resource opsbot reads: API prefix and whether it is namespaced. Never ``secrets`` nor
-``configmaps`` (both may hold credentials; ``deploy/base/rbac.yaml`` grants neither): a pod's references
-to them are read from its own spec."""
+"""Every resource opsbot lists or gets: API prefix and whether it is namespaced. Never ``secrets``
+nor ``configmaps`` (both may hold credentials; ``deploy/base/rbac.yaml`` grants neither): a pod's
+references to them are read from its own spec (a referenced ConfigMap's values only as
+:data:`OPT_IN_RESOURCES` allows)."""
+
+OPT_IN_RESOURCES: dict[str, tuple[str, bool]] = {
+    "configmaps": ("/api/v1", True),
+}
+"""Resources read only when a setting asks for them (``kubernetes.read_configmaps``), one object at a
+time, and only where opsbot's Role grants ``get`` (``deploy/base/rbac.yaml`` does not): a 403 is remembered
+in :attr:`KubeReader.denied`, not reported as a failure. Never ``secrets``."""
 
 
 def api_error(exc: BaseException) -> str:
@@ -74,6 +82,8 @@ class KubeReader:
         self.timeout_s = timeout_s
         self.list_limit = list_limit
         self.log = CallLog()
+        self.denied: set[str] = set()
+        """Opt-in resources (:data:`OPT_IN_RESOURCES`) that answered 403: not granted, not broken."""
 
     async def get_json(self, path: str, query: Mapping[str, str | int | bool] | None = None) -> Any:
         """``GET path`` parsed as JSON; :class:`ApiException` for a non-2xx answer."""
@@ -144,17 +154,41 @@ class KubeReader:
             return []
 
     async def get(self, resource: str, namespace: str | None, name: str) -> Obj | None:
-        """One object, or ``None`` when it does not exist (a failure is noted)."""
-        prefix, namespaced = RESOURCES[resource]
+        """One object, or ``None`` when it does not exist (a failure is noted; a 403 on an opt-in
+        resource is only remembered in :attr:`denied`)."""
+        opt_in = resource in OPT_IN_RESOURCES
+        prefix, namespaced = OPT_IN_RESOURCES[resource] if opt_in else RESOURCES[resource]
         where = f"/namespaces/{namespace}" if namespaced and namespace else ""
         self.log.queries.append(f"get {resource} {namespace + '/' if namespace else ''}{name}")
         try:
             found: Obj = await self.get_json(f"{prefix}{where}/{resource}/{name}")
         except ApiException as exc:
-            if exc.status != 404:
+            if opt_in and exc.status == 403:
+                self.denied.add(resource)
+            elif exc.status != 404:
                 self.log.errors.append(f"{resource} {name}: {api_error(exc)}")
             return None
         return found
+
+    async def log_head(
+        self, namespace: str, pod: str, container: str, *, previous: bool, limit_bytes: int
+    ) -> str:
+        """The first ``limit_bytes`` of a container's log (no ``tailLines``: the API then answers from
+        the start); empty when it has none."""
+        self.log.queries.append(
+            f"log {namespace}/{pod}/{container}{' previous' if previous else ''} head {limit_bytes} bytes"
+        )
+        query: dict[str, str | int | bool] = {
+            "container": container,
+            "previous": previous,
+            "limitBytes": limit_bytes,
+        }
+        try:
+            return await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, accept="*/*")
+        except ApiException as exc:
+            if exc.status not in (400, 404):
+                self.log.errors.append(f"log {namespace}/{pod}/{container}: {api_error(exc)}")
+            return ""
 
     async def log_text(
         self,

@@ -22,12 +22,16 @@ from bot.context.kube_objects import Obj
 from bot.context.kube_snapshot import Ref, Snapshot
 from bot.context.logsig import CONTEXT, DECISIVE, ERROR, FILLER, Line, signature
 from bot.context.matching import Focus
+from bot.redact import redact
 
 SOURCE = "Kubernetes"
 _MAX_POD_LINES = 60
 _MAX_EVENTS = 200
 _MAX_REVISIONS = 5
 _MAX_DETAILS = 3
+_MAX_CONFIG_KEYS = 12
+_MAX_SELECTLESS = 3
+_MAX_CONFIG_VALUE = 160
 _Lines = list[tuple[str, int]]
 
 
@@ -63,6 +67,12 @@ class Gathered:
     scope: list[str] | None
     change_review: bool
     entities: Entities
+    quiet: list[Obj] = field(default_factory=list)
+    """With nothing named and nothing unhealthy: running pods whose logs were read for errors."""
+    configmaps: list[Obj] = field(default_factory=list)
+    """The ConfigMaps the pods in question reference, when ``kubernetes.read_configmaps`` is on."""
+    configmap_values: str = ""
+    """Why no ConfigMap values were read ("": they were, where the ConfigMap exists)."""
 
 
 def build(g: Gathered) -> list[ContextSection]:
@@ -286,6 +296,7 @@ def _dependencies(g: Gathered) -> ContextSection | None:
                 lines.append(
                     (f"  service kube-system/{ko.name(svc)}: endpoints {ready}/{total} ready", ERROR)
                 )
+    lines += _services_selecting_nothing(g)
     if not lines:
         return None
     return ranked_section(
@@ -295,6 +306,29 @@ def _dependencies(g: Gathered) -> ContextSection | None:
         priority=18,
         unit="more dependency lines",
     )
+
+
+def _services_selecting_nothing(g: Gathered) -> _Lines:
+    """Services in the namespaces of the pods in question whose selector matches no pod: traffic to
+    them goes nowhere (a selector typo, a label changed by a rollout), while every pod looks healthy.
+    One named like a workload in question is decisive; the labels its pods do carry are shown."""
+    spaces = {ko.namespace(p) for p in g.top}
+    names = {ref[2] for ref in hops.workload_refs(g.snapshot, g.top)}
+    lines: _Lines = []
+    for svc in g.snapshot.services:
+        selector = ko.spec(svc).get("selector")
+        if ko.namespace(svc) not in spaces or not selector:
+            continue
+        if any(ko.selects(selector, p) for p in g.snapshot.pods_in(ko.namespace(svc))):
+            continue
+        wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        line = f"service {ko.namespace(svc)}/{ko.name(svc)} selects {wanted}: no pod matches (no endpoints)"
+        similar = [p for p in g.top if ko.name(svc) in names or ko.name(p).startswith(ko.name(svc))]
+        if similar:
+            carried = ", ".join(f"{k}={v}" for k, v in sorted(ko.labels(similar[0]).items()) if k in selector)
+            line += f"; {ko.name(similar[0])} carries {carried or 'none of these labels'}"
+        lines.append((line, DECISIVE if similar else ERROR))
+    return lines[:_MAX_SELECTLESS]
 
 
 def _broken_pod_lines(pod: Obj) -> _Lines:
@@ -317,7 +351,8 @@ def _focus_refs(g: Gathered) -> list[Ref]:
 def _workloads(g: Gathered) -> ContextSection | None:
     lines: _Lines = []
     refs = (
-        []
+        # Nothing in question: the workloads whose running pods' logs were read, if any.
+        hops.workload_refs(g.snapshot, g.quiet)
         if g.overview
         else [*_focus_refs(g), *(r for r in g.focus.workloads[:2] if not g.snapshot.pods_of(r))]
     )
@@ -372,8 +407,10 @@ def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -
             lines.append((f"{what}: " + ("; ".join(changes) or "none in the pod template"), history))
     elif kind == "StatefulSet" and obj is not None:
         lines.append((ko.statefulset_line(obj), rank))
+        lines += _sibling_diff(snapshot, ref, history)
     elif kind == "DaemonSet" and obj is not None:
         lines.append((ko.daemonset_line(obj), rank))
+        lines += _sibling_diff(snapshot, ref, history)
     elif kind == "CronJob" and obj is not None:
         lines.append((ko.cronjob_line(obj), rank))
         for i, job in enumerate(snapshot.jobs_of(obj)[:3]):
@@ -385,25 +422,75 @@ def _workload_lines(snapshot: Snapshot, ref: Ref, rank: int, *, suspect: bool) -
     return lines
 
 
+def _sibling_diff(snapshot: Snapshot, ref: Ref, rank: int) -> _Lines:
+    """What differs between a broken pod of a StatefulSet or DaemonSet and a healthy one of the same
+    workload (image, resources, env, probes ...): their revisions are ControllerRevisions opsbot does
+    not read, but a rollout half done (or one node's pod) shows in the pods' own specs."""
+    pods = snapshot.pods_of(ref)
+    broken = next((p for p in sorted(pods, key=_broken_first) if ko.pod_problems(p)), None)
+    healthy = next((p for p in sorted(pods, key=ko.key) if not ko.pod_problems(p)), None)
+    if broken is None or healthy is None:
+        return []
+    changes = ko.template_diff({"spec": ko.spec(broken)}, {"spec": ko.spec(healthy)})
+    if not changes:
+        # Worth saying: the cause is then not a rollout but the node, the data or a dependency.
+        return [
+            (f"  {ko.name(broken)} (not healthy) has the same pod spec as {ko.name(healthy)} (healthy)", rank)
+        ]
+    what = f"  {ko.name(broken)} (not healthy) differs from {ko.name(healthy)} (healthy)"
+    return [(f"{what}: " + "; ".join(changes), rank)]
+
+
 def _configs(g: Gathered) -> ContextSection | None:
     if not g.plan.configs:
         return None
+    read = {ko.key(cm): cm for cm in g.configmaps}
     lines: _Lines = []
     for (kind, ns, name), keys in sorted(g.plan.configs.items()):
         if name.startswith("kube-root-ca.crt"):
             continue
         what = f"keys {', '.join(sorted(keys))}" if keys else "all keys (mounted or envFrom)"
-        never = " (values are never read)" if kind == "secret" else " (opsbot does not read ConfigMaps)"
-        lines.append((f"{kind} {ns}/{name}: {what}{never}", ERROR))
+        configmap = read.get((ns, name)) if kind == "configmap" else None
+        if configmap is None:
+            never = (
+                " (values are never read)"
+                if kind == "secret"
+                else f" (values not read: {g.configmap_values or 'no such ConfigMap'})"
+            )
+            lines.append((f"{kind} {ns}/{name}: {what}{never}", ERROR))
+            continue
+        lines += _configmap_lines(configmap, keys)
     if not lines:
         return None
     return ranked_section(
         source=SOURCE,
-        title="ConfigMap and Secret references (names and keys only)",
+        title="ConfigMaps the pods reference (values redacted) and Secret references (names and keys only)",
         lines=lines,
         priority=30,
         unit="more references",
     )
+
+
+def _configmap_lines(configmap: Obj, keys: set[str]) -> _Lines:
+    """A ConfigMap the pods reference: its referenced keys with their values (all keys for a volume
+    or ``envFrom``), a key referenced but missing called out, since the pod then reads nothing."""
+    data = {str(k): str(v) for k, v in (configmap.get("data") or {}).items()}
+    binary = sorted(str(k) for k in configmap.get("binaryData") or {})
+    wanted = sorted(keys) if keys else sorted(data)
+    header = (
+        f"configmap {ko.namespace(configmap)}/{ko.name(configmap)}: keys {', '.join(sorted(data)) or 'none'}"
+    )
+    lines: _Lines = [(header + (f"; binary keys {', '.join(binary)}" if binary else ""), ERROR)]
+    for key in wanted[:_MAX_CONFIG_KEYS]:
+        if key in data:
+            # Redacted here as well as with the section: a ConfigMap is where credentials leak.
+            value = redact(ko.short(data[key], _MAX_CONFIG_VALUE), where="context")
+            lines.append((f"  {key}={value}", ERROR))
+        elif key not in binary:
+            lines.append((f"  {key}: referenced, but the ConfigMap has no such key", DECISIVE))
+    if len(wanted) > _MAX_CONFIG_KEYS:
+        lines.append((f"  ... {len(wanted) - _MAX_CONFIG_KEYS} more keys", CONTEXT))
+    return lines
 
 
 def _related_names(g: Gathered) -> tuple[set[str], set[str], set[str]]:
@@ -560,6 +647,8 @@ def _hop_reason(g: Gathered, pod: Obj) -> str:
             return f"{dep.label}, {dep.why}"
     if pod in g.plan.dns:
         return "cluster DNS"
+    if pod in g.quiet:
+        return "errors in the log of a running pod (no pod is unhealthy)"
     for node, pods in g.plan.neighbours.items():
         if pod in pods:
             return f"neighbour on node {node}"

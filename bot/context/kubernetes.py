@@ -18,7 +18,8 @@ One gathering is three rounds of concurrent API calls, each bounded by ``kuberne
 
 The sections (:mod:`bot.context.kube_sections`) rank every line, so the budget keeps the decisive
 ones; :class:`~bot.context.base.Findings` tell Prometheus what to query next. Only get / list calls
-are made (see ``deploy/base/rbac.yaml``); Secrets and ConfigMaps are never read.
+are made (see ``deploy/base/rbac.yaml``); Secrets are never read, ConfigMaps only those the pods in
+question reference, with ``kubernetes.read_configmaps`` (their values redacted).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ _MAX_FOCUS_WORKLOADS = 2
 _MAX_PODS_PER_WORKLOAD = 3
 _MAX_FOCUS_PODS = 5
 _MAX_HOP_LOG_PODS = 6
+_MAX_CONFIGMAPS = 4
+_MAX_QUIET_PODS = 4
+_MAX_HEAD_READS = 2
+_HEAD_BYTES = 64 * 1024
+_SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 _LOG_LIMIT_BYTES = 512 * 1024
 
 
@@ -70,6 +76,8 @@ class KubernetesProvider(ContextProvider):
         self._api: client.ApiClient | None = None
         self._lock = asyncio.Lock()
         self._target = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "in-cluster"
+        self._denied: dict[str, bool] = {}
+        """Opt-in resources the API refused with 403 (see ``kube_read.OPT_IN_RESOURCES``): not asked again."""
 
     @property
     def target(self) -> str:
@@ -144,7 +152,7 @@ class KubernetesProvider(ContextProvider):
                 SOURCE, self.target, "load kubeconfig", f"cannot configure client: {exc}"
             )
         reader = KubeReader(api, timeout_s=self.settings.timeout_s, list_limit=self.settings.list_limit)
-        gathering = _Gathering(reader, self.settings, request)
+        gathering = _Gathering(reader, self.settings, request, self._denied)
         try:
             sections, findings = await gathering.run()
         except Exception as exc:  # ApiException, aiohttp connection errors and the like
@@ -165,8 +173,15 @@ class KubernetesProvider(ContextProvider):
 class _Gathering:
     """One question's rounds of API calls, and the sections made of their answers."""
 
-    def __init__(self, reader: KubeReader, settings: KubernetesSettings, request: ContextRequest) -> None:
+    def __init__(
+        self,
+        reader: KubeReader,
+        settings: KubernetesSettings,
+        request: ContextRequest,
+        denied: dict[str, bool] | None = None,
+    ) -> None:
         self.reader = reader
+        self.denied = denied if denied is not None else {}
         self.settings = settings
         self.request = request
         self.entities = request.entities
@@ -231,9 +246,13 @@ class _Gathering:
         snapshot.add_replicasets(replicasets)
         logs = _by_pod(streams)
         plan = hops.plan(snapshot, top, logs, question=self.request.question)
-        hop_streams, slices = await asyncio.gather(
-            self._logs(_hop_pods(plan, {ko.key(p) for p in top}), errors_only=True),
+        # Nothing named and nothing unhealthy: the fault may only be in a running pod's log (an
+        # expired certificate, an upstream refusing), so a few workloads' logs are read for errors.
+        quiet = _quiet_sample(snapshot) if overview and not top else []
+        hop_streams, slices, configmaps = await asyncio.gather(
+            self._logs([*_hop_pods(plan, {ko.key(p) for p in top}), *quiet], errors_only=True),
             self._endpoint_slices(plan),
+            self._configmaps(plan),
         )
         snapshot.endpointslices = slices
         sections = kube_sections.build(
@@ -249,6 +268,15 @@ class _Gathering:
                 scope=self.namespaces,
                 change_review=self.request.scenario == CHANGE_REVIEW,
                 entities=self.entities,
+                configmaps=configmaps,
+                configmap_values=(
+                    "kubernetes.read_configmaps is off"
+                    if not self.settings.read_configmaps
+                    else "opsbot's Role grants no get on configmaps"
+                    if self.denied.get("configmaps")
+                    else ""
+                ),
+                quiet=quiet,
             )
         )
         return sections, _findings(snapshot, top, plan)
@@ -288,7 +316,40 @@ class _Gathering:
         for stream, text in zip(wanted, texts, strict=False):
             stream.read = len(text.splitlines())
             stream.lines = condense(text, stream.ending)
+        await self._heads(wanted)
         return [s for s in wanted if s.lines]
+
+    async def _heads(self, streams: Sequence[LogStream]) -> None:
+        """A log cut by ``log_tail_lines`` whose tail shows no error: its start is read too (one call
+        each, the first few), since what broke at startup (a missing file, a refused certificate) is
+        logged once and then buried under a running container's routine lines. Only its error lines
+        are kept, before the tail's."""
+        tail = self.settings.log_tail_lines
+        cut = [s for s in streams if tail and s.read >= tail and not any(ln.rank <= ERROR for ln in s.lines)][
+            :_MAX_HEAD_READS
+        ]
+        texts = await asyncio.gather(
+            *(
+                self.reader.log_head(
+                    ko.namespace(s.pod),
+                    ko.name(s.pod),
+                    s.container,
+                    previous=s.previous,
+                    limit_bytes=_HEAD_BYTES,
+                )
+                for s in cut
+            )
+        )
+        for stream, text in zip(cut, texts, strict=True):
+            head = [ln for ln in condense(text) if ln.rank <= ERROR]
+            if head:
+                stream.lines = [
+                    *head,
+                    Line(
+                        f"... (errors from the start of the log above, its last {tail} lines below)", CONTEXT
+                    ),
+                    *stream.lines,
+                ]
 
     async def _endpoint_slices(self, plan: hops.Plan) -> list[Obj]:
         """The EndpointSlices of the Services the pods in question depend on (one call each)."""
@@ -300,6 +361,23 @@ class _Gathering:
             for s in services
         ]
         return [item for found in await asyncio.gather(*calls) for item in found]
+
+    async def _configmaps(self, plan: hops.Plan) -> list[Obj]:
+        """The ConfigMaps the pods in question reference (``kubernetes.read_configmaps``; one get
+        each, the first few): a value there (a host, a flag) is often what changed. Never Secrets."""
+        if not self.settings.read_configmaps or self.denied.get("configmaps"):
+            return []
+        wanted = [
+            (ns, name)
+            for (kind, ns, name) in plan.configs
+            if kind == "configmap" and not name.startswith("kube-root-ca.crt")
+        ][:_MAX_CONFIGMAPS]
+        found = await asyncio.gather(*(self.reader.get("configmaps", ns, name) for ns, name in wanted))
+        if "configmaps" in self.reader.denied:
+            # Not granted (deploy/base/rbac.yaml grants none): asked once per process, not per question.
+            self.denied["configmaps"] = True
+            logger.info("kubernetes.read_configmaps is on but opsbot's Role grants no get on configmaps")
+        return [o for o in found if o is not None]
 
     async def _storage(self, snapshot: Snapshot, pods: Sequence[Obj]) -> list[Obj]:
         """The PersistentVolumes and StorageClasses behind the claims of ``pods``."""
@@ -353,6 +431,25 @@ def _top_pods(snapshot: Snapshot, focus: matching.Focus) -> list[Obj]:
         per_workload[ref] = per_workload.get(ref, 0) + 1
         chosen.append(pod)
         if len(chosen) >= _MAX_FOCUS_PODS:
+            break
+    return chosen
+
+
+def _quiet_sample(snapshot: Snapshot) -> list[Obj]:
+    """With nothing unhealthy in the scope: one running pod of each of the first few workloads
+    outside the system namespaces (by namespace and name, never API order), whose logs are read for
+    errors. In a scoped channel these are the team's own workloads."""
+    chosen: list[Obj] = []
+    seen: set[tuple[str, str, str]] = set()
+    for pod in sorted(snapshot.pods, key=ko.key):
+        ref = snapshot.workload_of(pod)
+        if ko.namespace(pod) in _SYSTEM_NAMESPACES or ref in seen:
+            continue
+        if ko.status(pod).get("phase") != "Running":
+            continue
+        seen.add(ref)
+        chosen.append(pod)
+        if len(chosen) >= _MAX_QUIET_PODS:
             break
     return chosen
 

@@ -2,10 +2,11 @@
 was typed, then by how broken they are.
 
 Every term of the question (names such as ``paymnets-api`` or ``kafka-2``, single words such as
-``payments`` or ``chekout``, node and namespace names) is compared with what the cluster has:
-workload names, the ``app`` / ``app.kubernetes.io/name`` / ``k8s-app`` labels of their pods, Service
-names, pod names (StatefulSet ordinals), node names (``ip-10-0-7-21`` is the start of
-``ip-10-0-7-21.eu-west-1.compute.internal``) and namespaces (listed from the API). Closeness:
+``payments`` or ``chekout``, node and namespace names, IP addresses) is compared with what the
+cluster has: workload names, the ``app`` / ``app.kubernetes.io/name`` / ``k8s-app`` labels of their
+pods, Service names, pod names (StatefulSet ordinals), node names (``ip-10-0-7-21`` is the start of
+``ip-10-0-7-21.eu-west-1.compute.internal``), namespaces (listed from the API), and the addresses of
+pods, Services (ClusterIP) and nodes. Closeness:
 
 - 1.0 the same name; 0.95 a node's short name
 - 0.8 a whole part of a hyphenated name (``cart`` in ``shop-cart-service``; 0.6 for three letters)
@@ -78,11 +79,13 @@ class Match:
     """``deployment storefront/checkout``, ``namespace ledger``, ``node ip-10-0-7-21...``."""
     term: str
     score: float
+    how: str = ""
+    """Why, when not by name (``its IP address``)."""
 
     def describe(self) -> str:
         """``'chekout' -> deployment storefront/checkout (closest name)``."""
         how = {1.0: "same name", 0.95: "short name", 0.8: "part of the name", 0.6: "part of the name"}
-        return f"'{self.term}' -> {self.what} ({how.get(self.score, 'closest name')})"
+        return f"'{self.term}' -> {self.what} ({self.how or how.get(self.score, 'closest name')})"
 
 
 @dataclass(slots=True)
@@ -120,6 +123,33 @@ def _terms(entities: Entities) -> list[tuple[str, float, str]]:
 
 def _best(term: str, names: Iterable[str]) -> float:
     return max((closeness(term, n) for n in names if n), default=0.0)
+
+
+def _by_address(terms: Iterable[str], snapshot: Snapshot) -> list[tuple[Obj, float, str, str]]:
+    """Pods an IP address of the question belongs to: (pod, closeness, what matched, the address).
+    A pod's own IP is the pod (1.0); a Service's ClusterIP, the pods it selects (0.9); a node's
+    address, the pods on it (``_NODE_POD``)."""
+    ips = {t for t in terms if t.count(".") == 3 and t.replace(".", "").isdigit()}
+    if not ips:
+        return []
+    out: list[tuple[Obj, float, str, str]] = []
+    for pod in snapshot.pods:
+        ip = ko.status(pod).get("podIP")
+        if ip in ips:
+            out.append((pod, 1.0, f"pod {ko.namespace(pod)}/{ko.name(pod)}", str(ip)))
+    for svc in snapshot.services:
+        ip = ko.spec(svc).get("clusterIP")
+        if ip in ips:
+            what = f"service {ko.namespace(svc)}/{ko.name(svc)}"
+            out += [(pod, 0.9, what, str(ip)) for pod in snapshot.selected_pods(svc)]
+    for node in snapshot.nodes:
+        for address in ko.status(node).get("addresses") or []:
+            if address.get("address") in ips:
+                what = f"node {ko.name(node)}"
+                out += [
+                    (pod, _NODE_POD, what, str(address["address"])) for pod in snapshot.pods_on(ko.name(node))
+                ]
+    return out
 
 
 def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focus:
@@ -192,6 +222,10 @@ def resolve(entities: Entities, snapshot: Snapshot, *, limit: int = 200) -> Focu
     for pod in snapshot.pods:
         if ko.name(pod) in exact:
             consider(pod, 1.0)
+    for pod, score, what, ip in _by_address(exact, snapshot):
+        consider(pod, score)
+        if what not in {m.what for m in focus.matches}:
+            focus.matches.append(Match(what, ip, score, "its IP address"))
     for ref in focus.workloads:
         for pod in snapshot.pods_of(ref):
             consider(pod, workload_scores[ref][0])

@@ -6,7 +6,8 @@ CPU, memory, CPU throttling and restarts of their pods, and the connection pools
 exporters on their pods (PgBouncer, PostgreSQL, MySQL, Redis gauges, one query). For their nodes:
 CPU and memory, and the pods on the node that use the most CPU, memory, and (with DiskPressure)
 disk. Second round, when the first found a likely culprit (a pod on the node using more than the
-pods in question, or a pool with clients waiting): that pod's CPU, memory and restarts.
+pods in question, or a pool with clients waiting): that pod's CPU, memory and restarts; when a
+service in question fails (5xx ratio from ``FAILING_RATIO``): its proxies' 5xx by upstream.
 
 One query per measure covers every workload (or node) at once, so a question costs about a dozen
 queries whatever it found. Queries name pods by regex (``pod=~"a|b"``), not by a ``node`` label, so
@@ -177,6 +178,48 @@ def first_round(findings: Findings, allowed: Sequence[str] = ()) -> list[Derived
     if findings.nodes:
         out += _node_queries(findings, findings.nodes[:_MAX_NODES], allowed)
     return out
+
+
+FAILING_RATIO = 0.01
+"""Error ratio (5xx / all) of a service in question from which its upstreams' errors are read."""
+
+UPSTREAM_ERRORS = (
+    (
+        "upstream 5xx (envoy)",
+        "envoy_cluster_name",
+        "sum by (namespace, envoy_cluster_name) (rate(envoy_cluster_upstream_rq_xx{{{selector}, "
+        'envoy_response_code_class="5"}}[5m]))',
+    ),
+    (
+        "upstream 5xx (istio)",
+        "destination_service_name",
+        "sum by (namespace, destination_service_name) (rate(istio_requests_total{{{selector}, "
+        'reporter="source", response_code=~"5.."}}[5m]))',
+    ),
+)
+"""Outbound 5xx by destination as the common proxies report them (Envoy's cluster stats, Istio's
+standard metrics): (name, the label naming the upstream, query template)."""
+
+
+def upstream_round(findings: Findings, failing: Iterable[Subject]) -> list[Derived]:
+    """The second round for services in question whose error ratio reached ``FAILING_RATIO``: the
+    5xx their pods' proxies got from each upstream, so a failing dependency outside the cluster's
+    objects (another team's API, a payment provider) is named by the metrics themselves."""
+    wanted = set(failing)
+    chosen = [
+        w
+        for w in findings.workloads
+        if w.role == "asked" and any((w.namespace, s) in wanted for s in (*w.services, w.name))
+    ]
+    if not chosen:
+        return []
+    spaces = _quote(_rx(w.namespace for w in chosen))
+    pods = _quote(_rx(p for w in chosen for p in w.pods[:_MAX_PODS_IN_REGEX]))
+    selector = f'namespace=~"{spaces}"' + (f', pod=~"{pods}"' if pods else "")
+    return [
+        Derived(name, template.format(selector=selector), "req/s", 0, by)
+        for name, by, template in UPSTREAM_ERRORS
+    ]
 
 
 def culprit_round(culprits: Iterable[Subject]) -> list[Derived]:

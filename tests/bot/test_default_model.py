@@ -111,8 +111,8 @@ def test_chat_without_a_model_answers_in_english_from_smollm2_through_llama_cpp(
     )
     assert proc.returncode == 0, proc.stderr
     assert "random" not in proc.stderr
-    # Start-up is logged (chat.log: the screen holds the conversation); the banner names the engine.
-    assert "loading the llamacpp engine" in (tmp_path / "xdg" / "opsbot" / "chat.log").read_text()
+    # Start-up is logged (opsbot-chat.log: the screen holds the conversation); the banner names the engine.
+    assert "loading the llamacpp engine" in (tmp_path / "xdg" / "opsbot" / "opsbot-chat.log").read_text()
     assert "SmolLM2-135M-Instruct.Q4_1.gguf on llamacpp" in proc.stderr
     answer = proc.stdout.split("/quit", 1)[-1]
     # Real English, not the random model's token soup: common words of the language appear.

@@ -179,21 +179,23 @@ async def test_a_job_named_in_an_init_containers_log_is_followed_to_its_failed_p
     assert "Key (ref)=(A-1009) is duplicated." in log.body
 
 
-async def test_secrets_and_configmaps_are_never_read_and_their_values_never_reach_a_section(ask):
+async def test_secrets_are_never_read_and_a_configmap_only_by_name_when_the_pod_references_it(ask):
     result, server = await ask("hop-configmap-key-typo")
-    refs = _section(result, "ConfigMap and Secret references")
-    assert (
-        "configmap shop/pricing-rules: all keys (mounted or envFrom) (opsbot does not read ConfigMaps)"
-        in refs.body
-    )
+    refs = _section(result, "ConfigMaps the pods reference")
+    # The mounted ConfigMap's keys show the typo: the app opens rules.yaml, the ConfigMap has rule.yaml.
+    assert "configmap shop/pricing-rules: keys currency.yaml, rule.yaml" in refs.body
     result2, server2 = await ask("hop-db-disk-full")
     assert (
         "secret shop/checkout-db: keys password (values are never read)"
         in _section(result2, "ConfigMap").body
     )
+    assert [r for r in server.requests if "/configmaps" in r] == [
+        "GET /api/v1/namespaces/shop/configmaps/pricing-rules"
+    ]
     for srv in (server, server2):
-        assert not any("/secrets" in r or "/configmaps" in r for r in srv.requests)
+        assert not any("/secrets" in r for r in srv.requests)
         assert all(r.startswith("GET ") for r in srv.requests)
+    assert not any("SECRET-VALUE" in s.body for s in [*result.sections, *result2.sections])
 
 
 async def test_the_api_calls_of_one_question_are_bounded_and_counted(ask):

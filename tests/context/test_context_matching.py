@@ -85,3 +85,35 @@ def test_with_nothing_named_the_most_broken_pods_lead():
         "checkout-5d9f8c7b6-ccccc",
         "checkout-5d9f8c7b6-bbbbb",
     ]
+
+
+def test_an_ip_address_pasted_in_a_question_is_the_pod_service_or_node_it_belongs_to():
+    pods = [
+        kube_api.pod("chatty-6f7a8b9c0-k1", "b", owner=("ReplicaSet", "chatty-6f7a8b9c0"), ip="10.244.3.17"),
+        kube_api.pod("quiet-1b2c3d4e5-k2", "a", owner=("ReplicaSet", "quiet-1b2c3d4e5"), ip="10.244.3.18"),
+        kube_api.pod(
+            "ledger-4c5d6e7f8-k3",
+            "l",
+            owner=("ReplicaSet", "ledger-4c5d6e7f8"),
+            labels={"app": "ledger"},
+            node="worker-9",
+        ),
+    ]
+    ledger = kube_api.service("ledger", "l", cluster_ip="10.96.12.7")
+    node = kube_api.node("worker-9")
+    snapshot = Snapshot(pods=pods, services=[ledger], nodes=[node], namespaces=["a", "b", "l"]).index()
+    node_ip = node["status"]["addresses"][0]["address"]
+
+    def asked(text: str) -> tuple[list[str], list[str]]:
+        focus = resolve(from_text(text), snapshot)
+        return [ko.name(p) for p in focus.pods], [m.describe() for m in focus.matches]
+
+    assert asked("who is 10.244.3.17? flooding our logs") == (
+        ["chatty-6f7a8b9c0-k1"],
+        ["'10.244.3.17' -> pod b/chatty-6f7a8b9c0-k1 (its IP address)"],
+    )
+    # A ClusterIP with a port, from a connection error: the pods the Service selects.
+    assert asked("dial tcp 10.96.12.7:9090: i/o timeout")[0] == ["ledger-4c5d6e7f8-k3"]
+    assert asked(f"node {node_ip} is slow")[1] == [f"'{node_ip}' -> node worker-9 (its IP address)"]
+    # An address nobody has, or a version number, names nothing.
+    assert asked("10.1.2.3 and v1.2.3 are down") == ([], [])

@@ -106,3 +106,33 @@ def test_every_built_in_cases_decisive_facts_reach_a_default_4096_token_prompt(
     assert totals["evidence_recall"] == {"hits": len(load_cases([BUILTIN_CASES])), "of": len(report["cases"])}
     assert report["engine"]["evidence_only"] is True
     assert all(c["answer"] == "" and c["output_tokens"] == 0 for c in report["cases"])
+
+
+def test_every_held_out_cases_decisive_facts_reach_a_default_4096_token_prompt(
+    eval_env, smollm2_gguf, capsys, tmp_path
+):
+    """The 24 held-out cases (``bot/eval/cases-heldout``, written without looking at the gathering
+    code; ``bench/results/evidence_recall-heldout-2026-12-05.md``) stay at their measured recall,
+    24 of 24, so a change that loses one of their classes fails here."""
+    import json
+
+    from bot.cli import main
+    from bot.eval.cases import BUILTIN_CASES, load_cases
+
+    heldout = BUILTIN_CASES.parent / "cases-heldout"
+    config = tmp_path / "engine.toml"
+    config.write_text(f'[engine]\nbackend = "llamacpp"\nmodel = "{smollm2_gguf}"\nmax_model_len = 4096\n')
+    out = tmp_path / "out"
+    code = main(["eval", str(heldout), "--out", str(out), "--engine-config", str(config), "--evidence-only"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    missed = {c["id"]: c["evidence"] for c in report["cases"] if not c["evidence_recalled"]}
+    assert missed == {}
+    assert (
+        report["totals"]["evidence_recall"]
+        == {"hits": 24, "of": 24}
+        == {
+            "hits": len(load_cases([heldout])),
+            "of": len(report["cases"]),
+        }
+    )

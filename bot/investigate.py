@@ -39,6 +39,7 @@ from bot.config import InvestigateSettings, LaneBudget, Settings
 from bot.context.alertmanager_api import AlertmanagerApi
 from bot.context.base import ContextBundle
 from bot.context.gatherer import ContextGatherer
+from bot.progress import waiting_for_engine
 from bot.prompts import defuse, fence
 from bot.store import StepRecord, ThreadMessage
 from bot.tools.registry import ToolBox, ToolRegistry, ToolResult
@@ -257,6 +258,13 @@ class Investigator:
         for entity in block.get("root_cause") or []:
             if isinstance(entity, dict):
                 entity.setdefault("cluster", investigation.scope_cluster)
+        # llama-cpp-python's schema converter does not enforce an integer's maximum: a reference to
+        # a step that never ran is dropped here, so every citation points at a real step.
+        for claim in block.get("claims") or []:
+            if isinstance(claim, dict):
+                claim["steps"] = [
+                    n for n in claim.get("steps") or [] if isinstance(n, int) and 0 <= n <= last
+                ]
         return block
 
 
@@ -422,9 +430,11 @@ class _Loop:
 async def _generate(engine: Engine, request: GenerationRequest) -> tuple[str, GenerationResult]:
     """The whole text and result of one non-streamed step."""
     result: GenerationResult | None = None
-    async for event in engine.generate(request):
-        if isinstance(event, GenerationResult):
-            result = event
+    # The answer watchdog does not count the engine's time (its own watchdog and deadline do).
+    with waiting_for_engine():
+        async for event in engine.generate(request):
+            if isinstance(event, GenerationResult):
+                result = event
     if result is None:
         raise EngineGenerateError(f"request {request.request_id} ended without a result")
     return result.text, result

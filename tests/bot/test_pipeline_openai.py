@@ -98,7 +98,8 @@ async def stored_row(store: Store, request_id: str) -> RequestRecord:
         async with store.engine.connect() as conn:
             row = (await conn.execute(select(RequestRow).where(RequestRow.request_id == request_id))).first()
         if row is not None:
-            return RequestRecord(**{name: getattr(row, name) for name in RequestRecord.__dataclass_fields__})
+            columns = [name for name in RequestRecord.__dataclass_fields__ if name != "steps"]  # own table
+            return RequestRecord(**{name: getattr(row, name) for name in columns})
         await asyncio.sleep(0.05)
     raise AssertionError(f"no request row for {request_id}")
 

@@ -24,6 +24,7 @@ from types import ModuleType
 
 import pytest
 
+from bot.answer_clean import with_fence_stops
 from bot.prompts import defuse
 from inference.admission import Lane
 from inference.engine import GenerationRequest
@@ -102,7 +103,8 @@ def check(
     string that reached the prompt sits inside a fence. Returns counts for the report."""
     assert request.scenario == scenario, f"{channel}: scenario {request.scenario}"
     assert request.lane is lane, f"{channel}: lane {request.lane}"
-    assert request.sampling == w.pipeline.scenarios.get(scenario), f"{channel}: sampling changed"
+    expected = with_fence_stops(w.pipeline.scenarios.get(scenario))  # the scenario's, plus the fence stops
+    assert request.sampling == expected, f"{channel}: sampling changed"
     prompt = prompt_of(request)
     fences = list(FENCE.finditer(prompt))
     assert fences, f"{channel}: no fenced data at all"

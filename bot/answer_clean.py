@@ -62,9 +62,14 @@ _QUESTION_RUN = 6
 
 
 def with_fence_stops(sampling: SamplingSettings) -> SamplingSettings:
-    """``sampling`` with :data:`STOP_SEQUENCES` in its stop list (configured stops are kept)."""
-    missing = tuple(s for s in STOP_SEQUENCES if s not in sampling.stop)
-    return replace(sampling, stop=(*sampling.stop, *missing)) if missing else sampling
+    """``sampling`` with :data:`STOP_SEQUENCES` in its stop list (configured stops are kept) and as
+    bad words: an answer may not open with the markup (SmolLM2 opened 10 of 18 eval answers that
+    way, which the stop then left empty), and later it ends there."""
+    stop = (*sampling.stop, *(s for s in STOP_SEQUENCES if s not in sampling.stop))
+    bad = (*sampling.bad_words, *(s for s in STOP_SEQUENCES if s not in sampling.bad_words))
+    if stop == sampling.stop and bad == sampling.bad_words:
+        return sampling
+    return replace(sampling, stop=stop, bad_words=bad)
 
 
 def clean_answer(text: str) -> str:
@@ -75,6 +80,17 @@ def clean_answer(text: str) -> str:
     cleaned = _DEBRIS.sub("", _MARKER.sub("", text))
     cleaned = "\n".join(line.rstrip() for line in cleaned.splitlines())
     return _BLANK_RUNS.sub("\n\n", cleaned).strip()
+
+
+_UNFINISHED_MARKER = re.compile(r"(?:<{2,}|‹{2,})[^\n<>‹›]*$")
+"""A marker the stream has begun but not finished ("<<<END DAT"): no cleaning rule can know it yet."""
+
+
+def clean_partial(text: str) -> str:
+    """:func:`clean_answer` for an answer still streaming: a marker begun at its end is held back
+    too (the next delta completes it and the cleaning removes it; a here-string stays once a word
+    follows it)."""
+    return _UNFINISHED_MARKER.sub("", clean_answer(text))
 
 
 def _words(text: str) -> list[str]:

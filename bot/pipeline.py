@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
-from bot.answer_clean import clean_answer, with_fence_stops
+from bot.answer_clean import clean_answer, clean_partial, with_fence_stops
 from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -932,7 +932,7 @@ class Pipeline:
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(prefix + count_secrets(clean_answer(text))[0])
+                        await reply.update(prefix + count_secrets(clean_partial(text))[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):

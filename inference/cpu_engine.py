@@ -699,6 +699,10 @@ class _IncrementalDetokenizer:
         self.text = ""  # everything emitted: the final answer equals the concatenated deltas
         self._stopped = False
 
+    def seen(self) -> str:
+        """Everything decoded so far, emitted or still held back (it may begin a stop string)."""
+        return self.text + self._pending
+
     def _decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 

@@ -63,6 +63,10 @@ class SamplingSettings:
     json_schema: str | None = None
     """JSON text of a JSON Schema the output must match (constrained decoding: a llama.cpp grammar,
     vLLM structured outputs, a server's ``response_format``); ``None``: free text."""
+    bad_words: tuple[str, ...] = ()
+    """Strings the answer must not write: vLLM never generates them (``bad_words``); llama.cpp
+    forbids the tokens that would open the answer with one (a model echoing its prompt's markup
+    starts that way; later the ``stop`` list ends it). Remote servers get ``stop`` only."""
 
 
 @dataclass(frozen=True, slots=True)

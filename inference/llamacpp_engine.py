@@ -203,6 +203,11 @@ class LlamaCppChatTokenizer(ChatTokenizer):
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._llama.detokenize(list(token_ids), special=False).decode("utf-8", errors="replace"))
 
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the vocabulary (ids 0 to this, exclusive)."""
+        return int(self._llama.n_vocab())
+
 
 class _DetokenizerShim:
     """What ``_IncrementalDetokenizer`` needs of a tokenizer: ``decode(ids, **flags)``."""
@@ -272,6 +277,8 @@ class LlamaCppEngine(CpuEngine):
         self._quantization: str | None = None
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
+        self._bans: dict[tuple[str, ...], list[int]] = {}
+        """Bad words -> the token ids that would open an answer with one (:meth:`_opening_bans`)."""
         self._grammars: dict[str, Any] = {}
         """Output schema (JSON text) -> its ``LlamaGrammar`` (see :meth:`_grammar`)."""
 
@@ -410,6 +417,41 @@ class LlamaCppEngine(CpuEngine):
         slot.llama._ctx.set_n_threads(threads, threads)
         return slot
 
+    def _no_bad_opening(
+        self, bad_words: tuple[str, ...], detok: _IncrementalDetokenizer
+    ) -> list[Callable[[Any, Any], Any]] | None:
+        """A logits processor that, while the answer is still blank, forbids every token that would
+        begin one of ``bad_words`` (``None`` without any). A small model that opens by copying its
+        prompt's fence markup then has to start with words of its own."""
+        if not bad_words:
+            return None
+        banned = self._opening_bans(bad_words)
+
+        def forbid(_input_ids: Any, scores: Any) -> Any:
+            if banned and not detok.seen().strip():  # only until the first visible character
+                scores[banned] = -float("inf")
+            return scores
+
+        return [forbid]
+
+    def _opening_bans(self, bad_words: tuple[str, ...]) -> list[int]:
+        """Token ids whose text (leading spaces aside) is at least two characters of a bad word's
+        beginning, or holds a whole bad word; computed once per set of words."""
+        with self._lock:
+            found = self._bans.get(bad_words)
+        if found is not None:
+            return found
+        assert self._llama_tokenizer is not None
+        tok = self._llama_tokenizer
+        found = []
+        for token in range(tok.vocab_size):
+            piece = tok.decode([token]).lstrip()
+            if len(piece) >= 2 and any(w.startswith(piece) or w in piece for w in bad_words):
+                found.append(token)
+        with self._lock:
+            self._bans[bad_words] = found
+        return found
+
     def _grammar(self, llama_cpp: Any, json_schema: str | None) -> Any:
         """The llama.cpp grammar of ``json_schema`` (``None``: free text). Converting a schema to GBNF
         is Python work of a few ms: each schema is converted once (an investigation's steps share
@@ -507,6 +549,7 @@ class LlamaCppEngine(CpuEngine):
             temp=0.0 if sampling.temperature < 1e-5 else sampling.temperature,
             repeat_penalty=sampling.repetition_penalty,
             grammar=self._grammar(llama_cpp, sampling.json_schema),
+            logits_processor=self._no_bad_opening(sampling.bad_words, detok),
         )
         try:
             for token in tokens:

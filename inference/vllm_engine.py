@@ -242,6 +242,7 @@ def sampling_params(
         repetition_penalty=s.repetition_penalty,
         seed=s.seed,
         stop=list(s.stop) or None,
+        bad_words=list(s.bad_words) or None,
         ignore_eos=s.ignore_eos,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured_outputs(s),

@@ -23,6 +23,7 @@ from bot.answer_clean import (
     EMPTY,
     STOP_SEQUENCES,
     clean_answer,
+    clean_partial,
     echo_verdict,
     with_fence_stops,
     without_echo,
@@ -67,7 +68,17 @@ def test_fence_markers_and_their_debris_are_removed_and_the_rest_is_kept() -> No
 def test_the_stop_list_gains_the_fence_markers_and_keeps_configured_stops() -> None:
     sampling = with_fence_stops(SamplingSettings(stop=("\n\nUser:",)))
     assert sampling.stop[0] == "\n\nUser:" and set(STOP_SEQUENCES) <= set(sampling.stop)
+    assert set(STOP_SEQUENCES) <= set(sampling.bad_words)  # the answer may not open with one either
     assert with_fence_stops(sampling) is sampling  # nothing added twice
+
+
+def test_a_marker_begun_at_the_end_of_a_streaming_answer_is_held_back_until_it_is_whole() -> None:
+    assert clean_partial("The answer is:\n\n<<<END DAT") == "The answer is:\n\n"
+    assert (
+        clean_partial("The answer is:\n\n<<<END DATA id=ab12cd34>>>\nOOMKilled")
+        == "The answer is:\n\nOOMKilled"
+    )
+    assert clean_partial("run cat <<EOF\nkind: Pod") == "run cat <<EOF\nkind: Pod"  # a here-document stays
 
 
 PROMPT = (

@@ -212,3 +212,33 @@ async def test_extra_buffers_off_reaches_llamacpps_model_parameters_and_the_engi
     import llama_cpp
 
     assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True  # put back
+
+
+async def test_bad_words_keep_a_model_from_opening_its_answer_with_the_prompts_markup(
+    smollm2_gguf: Path,
+) -> None:
+    """SmolLM2, shown fenced data, opens its answer by copying the fence; with the fence as a bad
+    word its first tokens must be words of its own (the same prompt, greedy, without: the fence)."""
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start()
+    turns = [
+        ChatMessage("system", "Echo."),
+        ChatMessage("user", "<<<DATA id=1>>>"),
+        ChatMessage("assistant", "<<<DATA id=1>>>"),
+        ChatMessage("user", "<<<DATA id=2>>>"),
+    ]
+    try:
+        texts = []
+        for bad in ((), ("<<<DATA", "<<< DATA")):
+            request = GenerationRequest(
+                f"bad-{len(bad)}",
+                "chat",
+                Lane.NORMAL,
+                SamplingSettings(temperature=0.0, max_tokens=8, bad_words=bad),
+                messages=turns,
+            )
+            texts.append((await answer(engine, request)).text)
+    finally:
+        await engine.shutdown()
+    assert texts[0].lstrip().startswith("<<<DATA")  # the case is real: without them it copies
+    assert not texts[1].lstrip().startswith("<<"), texts[1]

@@ -175,20 +175,9 @@ class KubeReader:
     ) -> str:
         """The first ``limit_bytes`` of a container's log (no ``tailLines``: the API then answers from
         the start); empty when it has none."""
-        self.log.queries.append(
-            f"log {namespace}/{pod}/{container}{' previous' if previous else ''} head {limit_bytes} bytes"
+        return await self.log_text(
+            namespace, pod, container, previous=previous, tail_lines=None, limit_bytes=limit_bytes
         )
-        query: dict[str, str | int | bool] = {
-            "container": container,
-            "previous": previous,
-            "limitBytes": limit_bytes,
-        }
-        try:
-            return await self._get(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", query, accept="*/*")
-        except ApiException as exc:
-            if exc.status not in (400, 404):
-                self.log.errors.append(f"log {namespace}/{pod}/{container}: {api_error(exc)}")
-            return ""
 
     async def log_text(
         self,
@@ -197,21 +186,19 @@ class KubeReader:
         container: str,
         *,
         previous: bool,
-        tail_lines: int,
+        tail_lines: int | None,
         limit_bytes: int,
         since_seconds: int | None = None,
     ) -> str:
-        """A container's log (its last ``tail_lines`` lines, at most ``limit_bytes``); empty when it has
-        none (a container that never started is a fact, not a failure)."""
-        self.log.queries.append(
-            f"log {namespace}/{pod}/{container}{' previous' if previous else ''} tail {tail_lines}"
-        )
-        query: dict[str, str | int | bool] = {
-            "container": container,
-            "previous": previous,
-            "tailLines": tail_lines,
-            "limitBytes": limit_bytes,
-        }
+        """A container's log (its last ``tail_lines`` lines, at most ``limit_bytes``; ``tail_lines``
+        ``None``: its first ``limit_bytes``); empty when it has none (a container that never started
+        is a fact, not a failure)."""
+        part = f"tail {tail_lines}" if tail_lines is not None else f"head {limit_bytes} bytes"
+        self.log.queries.append(f"log {namespace}/{pod}/{container}{' previous' if previous else ''} {part}")
+        query: dict[str, str | int | bool] = {"container": container, "previous": previous}
+        if tail_lines is not None:
+            query["tailLines"] = tail_lines
+        query["limitBytes"] = limit_bytes
         if since_seconds is not None:
             query["sinceSeconds"] = since_seconds
         try:

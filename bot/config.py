@@ -752,8 +752,9 @@ class InvestigateSettings(ConfigSection):
     max_output_tokens: int = Field(400, ge=32)
     """Tokens one tool call's output may bring (cut by whole lines, with a note of what was cut)."""
     decision_max_tokens: int = Field(320, ge=16)
-    """Tokens one tool call may take to write (its strings are bounded by the schema, so this is a
-    safety net, not a limit a well-formed call meets)."""
+    """Tokens one tool call may take to write when an offered tool's schema leaves a string or list
+    unbounded. Bounded schemas (every built-in tool) get the token ceiling of their longest call
+    instead, so a well-formed call is never cut; this also sizes each step's share of the window."""
     tool_timeout_s: float = Field(5.0, gt=0)
     """Seconds one tool call may take."""
     root_cause_block: bool = True

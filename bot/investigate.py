@@ -56,6 +56,7 @@ from inference.engine import (
     SamplingSettings,
     ToolSpec,
 )
+from inference.structured import complete_prefix, token_ceiling
 from inference.tool_calls import (
     FINAL_ANSWER,
     ToolCall,
@@ -232,7 +233,8 @@ class Investigator:
                     sampling=SamplingSettings(
                         temperature=0.0,
                         top_p=1.0,
-                        max_tokens=320,
+                        # room for the longest block: a block is never cut by the budget
+                        max_tokens=token_ceiling(schema) or 320,
                         seed=sampling.seed,
                         json_schema=json.dumps(schema),
                     ),
@@ -247,24 +249,13 @@ class Investigator:
             return None
         _timings(step, result)
         investigation.steps.append(step)
-        try:
-            block = json.loads(text)
-        except ValueError:
+        block = read_root_cause(text, last, investigation.scope_cluster)
+        if block is None:
             step.status = "unparsed"
-            return None
-        if not isinstance(block, dict):
-            step.status = "unparsed"
-            return None
-        for entity in block.get("root_cause") or []:
-            if isinstance(entity, dict):
-                entity.setdefault("cluster", investigation.scope_cluster)
-        # llama-cpp-python's schema converter does not enforce an integer's maximum: a reference to
-        # a step that never ran is dropped here, so every citation points at a real step.
-        for claim in block.get("claims") or []:
-            if isinstance(claim, dict):
-                claim["steps"] = [
-                    n for n in claim.get("steps") or [] if isinstance(n, int) and 0 <= n <= last
-                ]
+            step.summary = f"unparsed root-cause block ({result.finish_reason}): {text[-160:]!r}"
+            logger.warning("request %s: root-cause block unparsed: %s", request_id, step.summary)
+        elif result.finish_reason == "length":
+            step.summary = f"cut at {result.output_tokens} tokens: whole entries kept"
         return block
 
 
@@ -295,7 +286,10 @@ class _Loop:
         self.window = window
         self.on_step = on_step
         self.specs: tuple[ToolSpec, ...] = (*box.specs, final_answer_spec())
-        self.schema = json.dumps(decision_schema(self.specs))
+        schema = decision_schema(self.specs)
+        self.schema = json.dumps(schema)
+        # Room for the longest call the schema admits: a cut call is never run, so a cut is a lost step.
+        self.decision_tokens = token_ceiling(schema) or settings.decision_max_tokens
         self.tag = secrets.token_hex(4)
 
     async def _show(self, update: StepUpdate) -> None:
@@ -327,7 +321,7 @@ class _Loop:
                 break
             ids = self.tokenizer.render(messages)
             room = self.window - len(ids) - self.sampling.max_tokens
-            if room < self.settings.decision_max_tokens + self.settings.max_output_tokens + 128:
+            if room < self.decision_tokens + self.settings.max_output_tokens + 128:
                 found.stop = "window"
                 break
             step = StepRecord(index=index, kind="call", status="unparsed")
@@ -403,7 +397,7 @@ class _Loop:
             sampling=SamplingSettings(
                 temperature=0.0,
                 top_p=1.0,
-                max_tokens=self.settings.decision_max_tokens,
+                max_tokens=self.decision_tokens,
                 seed=self.sampling.seed,
                 json_schema=self.schema,
             ),
@@ -509,6 +503,33 @@ def root_cause_schema(last_step: int) -> dict[str, Any]:
         "required": ["conclusive", "root_cause", "claims"],
         "additionalProperties": False,
     }
+
+
+def read_root_cause(text: str, last_step: int, cluster: str) -> dict[str, Any] | None:
+    """The root-cause block ``text`` holds (whole entries of a cut one kept), or ``None`` when it
+    names no whole entity. Entities get ``cluster``; claims keep only steps 0..``last_step``."""
+    block = complete_prefix(text)
+    if not isinstance(block, dict):
+        return None
+    entities = [
+        e
+        for e in block.get("root_cause") or []
+        if isinstance(e, dict)
+        and all(isinstance(e.get(k), str) and e[k] for k in ("kind", "namespace", "name"))
+    ]
+    if not entities:
+        return None
+    for entity in entities:
+        entity.setdefault("cluster", cluster)
+    claims = []
+    for claim in block.get("claims") or []:
+        if not isinstance(claim, dict) or not isinstance(claim.get("claim"), str):
+            continue
+        # llama-cpp-python's schema converter does not enforce an integer's maximum: a reference to
+        # a step that never ran is dropped here, so every citation points at a real step.
+        claim["steps"] = [n for n in claim.get("steps") or [] if isinstance(n, int) and 0 <= n <= last_step]
+        claims.append(claim)
+    return {"conclusive": block.get("conclusive") is True, "root_cause": entities, "claims": claims}
 
 
 def citation_line(block: dict[str, Any]) -> str:

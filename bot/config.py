@@ -675,6 +675,13 @@ class ActionsSettings(ConfigSection):
     policies: list[ActionPolicySettings] = Field(default_factory=list)
     """Per-channel approval policies, first match wins; a channel no policy matches may see cards
     but nobody may approve them."""
+    offer_from_answers: bool = True
+    """After an answer, offer a card for each ``kubectl`` command in it that is a catalog action
+    (rollout restart / undo, scale, delete pod, cordon, uncordon) on a target its evidence names,
+    in a channel whose policy names an approver. The investigation's ``propose_action`` calls are
+    offered whatever this says (they are offered only where someone may approve, too)."""
+    max_offers: int = Field(2, ge=0, le=5)
+    """Most cards offered after one answer: its investigation's proposals first, then its commands."""
 
     @model_validator(mode="after")
     def _secret_when_enabled(self) -> ActionsSettings:

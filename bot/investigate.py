@@ -42,6 +42,8 @@ from bot.context.gatherer import ContextGatherer
 from bot.progress import waiting_for_engine
 from bot.prompts import defuse, fence
 from bot.store import StepRecord, ThreadMessage
+from bot.tools.actions import PROPOSE_ACTION
+from bot.tools.base import ProposedAction
 from bot.tools.registry import ToolBox, ToolRegistry, ToolResult
 from bot.types import StepUpdate
 from inference.engine import (
@@ -114,6 +116,8 @@ class Investigation:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     """Every call's redacted output as the model read it (name, arguments, status, text, source,
     summary), for a replay."""
+    proposals: list[ProposedAction] = field(default_factory=list)
+    """Fixes the model proposed (``propose_action``), in order: cards after the answer."""
 
     def replay_record(self) -> dict[str, Any]:
         """What replays this investigation without a cluster (:mod:`bot.tools.recorded`)."""
@@ -181,13 +185,15 @@ class Investigator:
         bundle: ContextBundle | None,
         history: Sequence[ThreadMessage] = (),
         on_step: StepSink | None = None,
+        may_propose: bool = False,
     ) -> Investigation | None:
         """The loop for one request from step 0's ``messages``; ``None`` when it has no budget or no
-        tool is available in its scope (then the pipeline answers from step 0 alone)."""
+        tool is available in its scope (then the pipeline answers from step 0 alone).
+        ``may_propose``: the channel takes proposals, so ``propose_action`` is offered."""
         budget = self.budget(scenario, lane)
         if budget is None:
             return None
-        scope = self.registry.scope_for(bundle, history)
+        scope = self.registry.scope_for(bundle, history, may_propose=may_propose)
         box = self.registry.box(
             scope,
             max_output_tokens=self.settings.max_output_tokens,
@@ -358,6 +364,8 @@ class _Loop:
             except TimeoutError:
                 outcome = ToolResult(call, "timeout", "the investigation's time ran out during this call")
             step.status = outcome.status
+            if outcome.proposal is not None:
+                found.proposals.append(outcome.proposal)
             found.outputs.append(
                 {
                     "name": call.name,
@@ -458,8 +466,10 @@ def catalogue(specs: Sequence[ToolSpec], budget: LaneBudget) -> str:
         f'a numbered step. Call "{FINAL_ANSWER}" when the data above is enough. Tools:'
     ]
     for spec in specs:
-        params = spec.parameters.get("properties") or {}
-        args = ", ".join(params)
+        shape = spec.parameters
+        if "anyOf" in shape:  # one option per kind (propose_action): the same fields in each
+            shape = shape["anyOf"][0]
+        args = ", ".join(shape.get("properties") or {})
         lines.append(f"- {spec.name}({args}): {spec.description}")
     return "\n".join(lines)
 
@@ -530,6 +540,23 @@ def read_root_cause(text: str, last_step: int, cluster: str) -> dict[str, Any] |
         claim["steps"] = [n for n in claim.get("steps") or [] if isinstance(n, int) and 0 <= n <= last_step]
         claims.append(claim)
     return {"conclusive": block.get("conclusive") is True, "root_cause": entities, "claims": claims}
+
+
+def proposal_evidence(investigation: Investigation, proposed: ProposedAction) -> list[str]:
+    """The card's *why* for a proposal of ``investigation``: the model's line, then each step it
+    cites as the step list shows it (``[2] kube_rollout shop/api: 3 revisions of api``; a cited
+    proposal is no evidence and is left out)."""
+    lines = [
+        f"opsbot's investigation: {proposed.why}" if proposed.why else "proposed by opsbot's investigation"
+    ]
+    by_index = {s.index: s for s in investigation.calls}
+    for n in proposed.steps:
+        if n == 0:
+            lines.append("[0] the context gathered before the first step")
+        elif (step := by_index.get(n)) is not None and step.tool and step.tool != PROPOSE_ACTION:
+            call = ToolCall(step.tool, json.loads(step.arguments or "{}"))
+            lines.append(f"[{n}] {describe_call(call)}: {step.summary or step.status}")
+    return lines
 
 
 def citation_line(block: dict[str, Any]) -> str:

@@ -610,6 +610,8 @@ class Pipeline:
                 bundle=bundle,
                 history=history,
                 on_step=steps,
+                may_propose=self.actions is not None
+                and await self.actions.takes_proposals(message.platform, message.channel, message.user),
             )
             if found is not None:
                 prepared.investigation = found
@@ -716,6 +718,47 @@ class Pipeline:
         if error is None:
             # The whole answer (a postmortem's draft, not the note about its file) is the turn.
             await self.store.append_message(*thread, "assistant", text, request_id=message.request_id)
+            if self.actions is not None and scenario != POSTMORTEM:
+                await self._offer_actions(message, adapter, reply, prepared, text)
+
+    async def _offer_actions(
+        self,
+        message: IncomingMessage,
+        adapter: ChatAdapter,
+        reply: ReplyStream,
+        prepared: _Prepared,
+        text: str,
+    ) -> None:
+        """Cards for the fixes the answer proposes (:mod:`bot.actions.offers`), where someone may
+        approve them; a proposal of the investigation that could not be offered gets a note."""
+        from bot.actions.offers import Offer, answer_offers, offer
+        from bot.actions.service import ThreadRef
+        from bot.investigate import proposal_evidence
+
+        actions = self.actions
+        assert actions is not None
+        if not await actions.takes_proposals(message.platform, message.channel, message.user):
+            return
+        found, bundle = prepared.investigation, prepared.bundle
+        offers = (
+            [Offer(p.spec, proposal_evidence(found, p), "investigation") for p in found.proposals]
+            if found is not None
+            else []
+        )
+        if actions.settings.offer_from_answers:
+            evidence = [message.text, *(s.body for s in (bundle.sections if bundle else []))]
+            evidence += [str(o.get("text", "")) for o in (found.outputs if found else [])]
+            offers += answer_offers(
+                text,
+                evidence=evidence,
+                namespaces=_namespaces(bundle),
+                most=actions.settings.max_offers,
+            )
+        if not offers:
+            return
+        thread = ThreadRef(message.platform, message.channel, reply.thread_id, message.user)
+        for note in await offer(actions, thread, offers):
+            await self._note(message, adapter, reply, f":warning: {note}")
 
     async def _conclude_investigation(
         self,
@@ -1068,6 +1111,14 @@ def _in_thread(message: IncomingMessage, reply: ReplyStream) -> IncomingMessage:
     """``message`` pointed at the thread its answer lives in (for a note after the answer began)."""
     message.thread_id = reply.thread_id
     return message
+
+
+def _namespaces(bundle: ContextBundle | None) -> list[str]:
+    """The namespaces an answer's context read (empty: any, or no cluster was read)."""
+    used = bundle.scope if bundle is not None else []
+    if not used or any(u.namespaces is None for u in used):
+        return []
+    return sorted({n for u in used for n in u.namespaces or ()})
 
 
 @dataclass

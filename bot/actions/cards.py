@@ -6,6 +6,7 @@ message attachments with interactive ``actions`` (``integration.url`` + ``contex
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ class Card:
     def text(self) -> str:
         """The whole card as Markdown (the fallback text, Mattermost's attachment text)."""
         diff = self.diff if len(self.diff) <= _DIFF_CHARS else self.diff[:_DIFF_CHARS] + "\n… (cut)"
-        why = "\n".join(f"• {line}" for line in self.evidence) or "• (no evidence cited)"
+        why = "\n".join(f"• {quiet(line)}" for line in self.evidence) or "• (no evidence cited)"
         lines = [
             f"*Proposed action:* {self.title}",
             f"*Why:*\n{why}",
@@ -52,6 +53,16 @@ class Card:
             lines.append(self.state)
         lines.extend(self.notes)
         return "\n".join(lines)
+
+
+_MENTION = re.compile(r"<([!@#])|(?<![\w.])@(channel|here|all|everyone)\b", re.IGNORECASE)
+
+
+def quiet(text: str) -> str:
+    """``text`` that pings nobody: Slack's ``<!channel>`` / ``<@U…>`` / ``<#C…>`` and Mattermost's
+    ``@channel`` / ``@here`` / ``@all`` broken by a zero-width space (evidence lines quote the
+    model, a log line or a person, never meant to notify)."""
+    return _MENTION.sub(lambda m: f"<\u200b{m.group(1)}" if m.group(1) else f"@\u200b{m.group(2)}", text)
 
 
 def slack_blocks(card: Card) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """The closed set of actions opsbot can propose, each with its JSON schema, its risk and its inverse.
 
-Nothing outside this set can be proposed, let alone applied: a proposal (from ``/rca propose`` or a
-future ``propose_action`` tool of the investigation loop) is parsed into an :class:`ActionSpec`
-here, and every field is checked against the kind's schema before any API sees it. The schemas are
-plain JSON Schema so a tool-calling engine can be constrained to them.
+Nothing outside this set can be proposed, let alone applied: a proposal (from ``/rca propose``, the
+investigation loop's ``propose_action`` tool, or a ``kubectl`` command an answer suggests) is
+parsed into an :class:`ActionSpec` here, and every field is checked against the kind's schema
+before any API sees it. The schemas are plain JSON Schema so a tool-calling engine can be
+constrained to them.
 
 Kinds: ``rollout_restart`` (Deployment, StatefulSet, DaemonSet), ``rollback`` (a Deployment to a
 revision: 0 = the previous one), ``scale`` (Deployment, StatefulSet), ``delete_pod``, ``cordon`` /
@@ -16,6 +17,7 @@ import hashlib
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,17 +189,60 @@ class ActionSpec:
         return cls(str(data["action"]), dict(data["params"]))
 
 
-def tool_schema() -> dict[str, Any]:
-    """The ``propose_action`` tool's parameters: one of the kinds, with its parameters."""
+PROPOSABLE = ("rollout_restart", "rollback", "scale", "delete_pod", "cordon", "uncordon")
+"""The kinds a model may propose (``propose_action``): the Kubernetes ones. Silences stay a
+person's command: their matchers select alerts, and a model's guess at them could hide the page."""
+
+
+def name_schema(max_length: int) -> dict[str, Any]:
+    """A DNS-1123 name of at most ``max_length`` characters, its pattern bounded alike (a grammar
+    built from the pattern then admits nothing longer than ``maxLength`` says)."""
     return {
-        "type": "object",
-        "required": ["action", "params", "evidence"],
-        "properties": {
-            "action": {"enum": list(KINDS)},
-            "params": {"oneOf": [{"type": "object", **schema} for schema in SCHEMAS.values()]},
-            "evidence": {"type": "array", "items": {"type": "string", "maxLength": 500}, "maxItems": 10},
-        },
+        "type": "string",
+        "pattern": f"^[a-z0-9]([-a-z0-9.]{{0,{max_length - 2}}}[a-z0-9])?$",
+        "maxLength": max_length,
     }
+
+
+def tool_schema(namespaces: Sequence[str] = (), name_max: int = 63, max_step: int = 50) -> dict[str, Any]:
+    """The ``propose_action`` tool's arguments: one option per kind of :data:`PROPOSABLE` (the
+    ``action`` a constant, its ``params`` exactly that kind's schema, a namespace one of
+    ``namespaces`` when given, names at most ``name_max`` characters), a one-line ``why`` and the
+    ``steps`` whose outputs show it. Closed and bounded, so a grammar constrains a call wholly."""
+    options = []
+    for action in PROPOSABLE:
+        schema = SCHEMAS[action]
+        props: dict[str, Any] = {}
+        for key, value in schema["properties"].items():
+            if key == "namespace":
+                value = {"type": "string", "enum": list(namespaces)} if namespaces else name_schema(63)
+            elif key == "name":
+                value = name_schema(name_max)
+            props[key] = value
+        options.append(
+            {
+                "type": "object",
+                "properties": {
+                    "action": {"const": action},
+                    "params": {
+                        "type": "object",
+                        "properties": props,
+                        "required": list(schema["required"]),
+                        "additionalProperties": False,
+                    },
+                    "why": {"type": "string", "maxLength": 200},
+                    "steps": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0, "maximum": max_step},
+                        "minItems": 1,
+                        "maxItems": 3,
+                    },
+                },
+                "required": ["action", "params", "why", "steps"],
+                "additionalProperties": False,
+            }
+        )
+    return {"anyOf": options}
 
 
 def check(action: str, params: dict[str, Any]) -> None:
@@ -334,7 +379,7 @@ def parse_command(text: str) -> ActionSpec:
             {"delete_pod": "pod", "cordon": "node", "uncordon": "node"}.get(action, "deployment"),
             kind,
         )
-    kind = _SHORT.get(kind.lower(), kind.lower())
+    kind = canonical_kind(kind)
     params: dict[str, Any] = {"kind": kind, "name": name}
     if kind != "node":
         params["namespace"] = flags.pop("namespace", "default")
@@ -343,6 +388,11 @@ def parse_command(text: str) -> ActionSpec:
     if action == "rollback" and "revision" in flags:
         params["revision"] = _integer(flags.pop("revision"), "--to-revision")
     return ActionSpec(action, params)
+
+
+def canonical_kind(word: str) -> str:
+    """A resource word as the catalog names its kind (``deploy``, ``deployments`` -> ``deployment``)."""
+    return _SHORT.get(word.lower(), word.lower())
 
 
 def _integer(text: str, what: str) -> int:

@@ -1,6 +1,6 @@
-"""The actions' one entry point: :meth:`ActionService.propose` (a person's ``/rca propose``, or
-later the investigation loop's ``propose_action`` tool) and :meth:`ActionService.decide` (an
-Approve / Reject click, from either platform).
+"""The actions' one entry point: :meth:`ActionService.propose` (a person's ``/rca propose``, the
+investigation loop's ``propose_action`` tool, a command an answer suggests) and
+:meth:`ActionService.decide` (an Approve / Reject click, from either platform).
 
 propose: check the spec against the catalog and the channel's policy -> server-side dry run with
 the actions credentials -> a proposal row (its diff, evidence, risk, expiry) -> a card in the thread.
@@ -155,6 +155,15 @@ class ActionService:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
     # -- propose ---------------------------------------------------------------------------
+    async def takes_proposals(self, platform: str, channel: str, asked_by: str | None) -> bool:
+        """Whether a proposal in ``channel`` could be approved by someone (its policy names an
+        approver): only then does the model get ``propose_action`` or an answer get cards."""
+        adapter = self.adapters.get(platform)
+        if adapter is None:
+            return False
+        policy = self.policy.policy_for(platform, channel, await self._channel_name(adapter, channel))
+        return bool(self.policy.approvers(policy, asked_by))
+
     async def propose(
         self, spec: ActionSpec, evidence: Sequence[str], thread: ThreadRef, *, proposed_by: str = "command"
     ) -> Proposal:

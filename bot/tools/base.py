@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.actions.catalog import ActionSpec
 from bot.context.alertmanager_api import AlertmanagerApi
 from bot.context.base import ContextProvider, ContextSection
 from bot.errors import OpsbotError
@@ -66,6 +67,8 @@ class ToolScope:
     """The thread as read back from the platform (the gathered sections of the chat thread)."""
     alertmanager: AlertmanagerApi | None = None
     """Alertmanager's API (``alertmanager.api_url``), when configured."""
+    may_propose: bool = False
+    """Whether a fix may be proposed here (actions on, and the channel's policy names an approver)."""
 
     def cluster(self, name: str | None) -> ClusterTools:
         """The cluster ``name`` (``None`` or empty: the first in scope); :class:`OutOfScope` else."""
@@ -105,6 +108,20 @@ class ToolOutput:
     summary: str = ""
     """One line for the live step list (``12 events``, ``3 series``)."""
     queries: list[str] = field(default_factory=list)
+    proposal: ProposedAction | None = None
+    """A fix the call proposed (``propose_action``): offered as a card after the answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProposedAction:
+    """A fix the model proposed during an investigation: never applied by it; after the answer a
+    person sees the card (its dry run) and decides."""
+
+    spec: ActionSpec
+    why: str
+    """The model's one line (untrusted text: shown as the model's, mentions defused)."""
+    steps: tuple[int, ...]
+    """The steps whose outputs the model says show it."""
 
 
 class Tool(abc.ABC):

@@ -27,8 +27,9 @@ from bot.context.gatherer import ContextGatherer
 from bot.context.thread import SOURCE as THREAD_SOURCE
 from bot.redact import redact
 from bot.store import ThreadMessage
+from bot.tools.actions import action_tools
 from bot.tools.alertmanager import alertmanager_tools
-from bot.tools.base import ClusterTools, Tool, ToolError, ToolScope
+from bot.tools.base import ClusterTools, ProposedAction, Tool, ToolError, ToolScope
 from bot.tools.documents import document_tools
 from bot.tools.kubernetes import kubernetes_tools
 from bot.tools.prometheus import prometheus_tools
@@ -57,6 +58,8 @@ class ToolResult:
     output_tokens: int = 0
     cut_tokens: int = 0
     """Tokens the cap removed (0: the whole output fitted)."""
+    proposal: ProposedAction | None = None
+    """The fix a ``propose_action`` call recorded."""
 
 
 class ToolRegistry:
@@ -73,7 +76,13 @@ class ToolRegistry:
         self.tools = (
             list(tools)
             if tools is not None
-            else [*kubernetes_tools(), *prometheus_tools(), *alertmanager_tools(), *document_tools()]
+            else [
+                *kubernetes_tools(),
+                *prometheus_tools(),
+                *alertmanager_tools(),
+                *document_tools(),
+                *action_tools(),
+            ]
         )
 
     async def close(self) -> None:
@@ -81,9 +90,16 @@ class ToolRegistry:
         if self.alertmanager is not None:
             await self.alertmanager.close()
 
-    def scope_for(self, bundle: ContextBundle | None, history: Sequence[ThreadMessage] = ()) -> ToolScope:
+    def scope_for(
+        self,
+        bundle: ContextBundle | None,
+        history: Sequence[ThreadMessage] = (),
+        *,
+        may_propose: bool = False,
+    ) -> ToolScope:
         """The tools' scope of one request: the clusters and namespaces step 0 read (the channel's
-        scope, decided by the gatherer), the shared providers, and the thread it was asked in."""
+        scope, decided by the gatherer), the shared providers, the thread it was asked in, and
+        whether its channel takes proposals (``may_propose``, decided by the actions' policy)."""
         clusters = {c.name: c for c in self.gatherer.clusters}
         used = bundle.scope if bundle is not None else []
         return ToolScope(
@@ -96,6 +112,7 @@ class ToolRegistry:
             thread=list(history),
             thread_sections=[s for s in (bundle.sections if bundle else []) if s.source == THREAD_SOURCE],
             alertmanager=self.alertmanager,
+            may_propose=may_propose,
         )
 
     def box(
@@ -184,6 +201,7 @@ class ToolBox:
             redact(output.source, where="tools"),
             redact(output.summary, where="tools"),
             cut_tokens=cut,
+            proposal=output.proposal,
         )
 
     def _capped(self, text: str, *, keep_end: bool) -> tuple[str, int]:

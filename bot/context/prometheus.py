@@ -315,7 +315,7 @@ class PrometheusProvider(ContextProvider):
         out = []
         for series in (data or {}).get("result", []):
             if keep(series.get("metric")):
-                points = [float(v) for _, v in series.get("values", []) if _finite(v)]
+                points = [float(v) for _, v in series.get("values", []) if finite(v)]
                 if points:
                     out.append((dict(series.get("metric") or {}), points))
         return out
@@ -444,7 +444,8 @@ class NamespaceFilter:
         return all(space in self.allowed for space in spaces)
 
 
-def _finite(value: object) -> bool:
+def finite(value: object) -> bool:
+    """Whether a sample value (a number or Prometheus' text of one) is a finite number."""
     try:
         return math.isfinite(float(str(value)))
     except ValueError:

@@ -614,7 +614,9 @@ def build_prometheus(spec: Mapping[str, Any], where: str) -> PrometheusSnapshotS
                 Series(str(s["metric"]), {str(k): str(v) for k, v in (s.get("labels") or {}).items()}, values)
             )
         for a in spec.get("alerts") or []:
-            _unknown(a, {"labels", "annotations", "state", "minutes_ago", "value"}, where, "alert")
+            _unknown(
+                a, {"labels", "annotations", "state", "minutes_ago", "value", "expr", "for_s"}, where, "alert"
+            )
             server.alerts.append(
                 Alert(
                     labels={str(k): str(v) for k, v in (a.get("labels") or {}).items()},
@@ -622,6 +624,8 @@ def build_prometheus(spec: Mapping[str, Any], where: str) -> PrometheusSnapshotS
                     state=str(a.get("state", "firing")),
                     active_at=kube_api.ts(float(a.get("minutes_ago", 5))).replace("Z", ".000Z"),
                     value=str(a.get("value", "")),
+                    expr=str(a.get("expr", "")),
+                    for_s=float(a.get("for_s", 0)),
                 )
             )
     except (KeyError, TypeError, ValueError) as exc:

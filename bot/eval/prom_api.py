@@ -49,6 +49,10 @@ class Alert:
     state: str = "firing"
     active_at: str = ""
     value: str = ""
+    expr: str = ""
+    """The PromQL of its rule (``/api/v1/rules``), when the case gives it."""
+    for_s: float = 0.0
+    """The rule's ``for`` in seconds."""
 
 
 def _unescape(value: str) -> str:
@@ -210,7 +214,42 @@ class PrometheusSnapshotServer(LocalApiServer):
 
     async def _rules(self, request: web.Request) -> web.Response:
         self.queries.append("GET /api/v1/rules")
-        return self._ok({"groups": []})
+        return self._ok({"groups": [{"name": "snapshot", "file": "snapshot.yml", "rules": self.rules()}]})
+
+    def rules(self) -> list[dict[str, Any]]:
+        """One alerting rule per alert name, as ``/api/v1/rules?type=alert`` lists it: its
+        expression when the case gives one, the labels its alerts share, their instances."""
+        by_name: dict[str, list[Alert]] = {}
+        for alert in self.alerts:
+            by_name.setdefault(alert.labels.get("alertname", "?"), []).append(alert)
+        rules = []
+        for name, alerts in by_name.items():
+            shared = {k: v for k, v in alerts[0].labels.items() if all(a.labels.get(k) == v for a in alerts)}
+            shared.pop("alertname", None)
+            states = {a.state for a in alerts}
+            rules.append(
+                {
+                    "name": name,
+                    "query": alerts[0].expr or "(not in this snapshot)",
+                    "duration": alerts[0].for_s,
+                    "labels": {k: v for k, v in shared.items() if k == "severity"},
+                    "annotations": dict(alerts[0].annotations),
+                    "alerts": [
+                        {
+                            "labels": dict(a.labels),
+                            "annotations": dict(a.annotations),
+                            "state": a.state,
+                            "activeAt": a.active_at,
+                            "value": a.value,
+                        }
+                        for a in alerts
+                    ],
+                    "health": "ok",
+                    "state": "firing" if "firing" in states else "pending",
+                    "type": "alerting",
+                }
+            )
+        return rules
 
     async def _ready(self, request: web.Request) -> web.Response:
         return web.Response(text="Prometheus Server is Ready.\n")

@@ -150,6 +150,13 @@ def string(description: str, max_length: int = NAME_MAX, enum: Sequence[str] | N
     return {"type": "string", "maxLength": max_length, "description": description}
 
 
+def cluster_arg(scope: ToolScope) -> dict[str, Any] | None:
+    """The optional cluster argument: only offered when the scope holds several (one fewer field
+    for a model to fill, and one it cannot fill wrongly)."""
+    names = [c.name for c in scope.clusters]
+    return string("Cluster (default: the first in scope).", enum=names) if len(names) > 1 else None
+
+
 def integer(description: str, minimum: int, maximum: int) -> dict[str, Any]:
     """A bounded integer argument."""
     return {"type": "integer", "minimum": minimum, "maximum": maximum, "description": description}

@@ -23,6 +23,7 @@ from bot.tools.base import (
     ToolError,
     ToolOutput,
     ToolScope,
+    cluster_arg,
     int_arg,
     integer,
     obj,
@@ -64,13 +65,6 @@ _LINES: dict[str, Any] = {
 }
 _MAX_LISTED = 40
 _LOG_LIMIT_BYTES = 256 * 1024
-
-
-def _cluster_arg(scope: ToolScope) -> dict[str, Any] | None:
-    """The optional cluster argument: only offered when the scope holds several (one fewer field
-    for a model to fill, and one it cannot fill wrongly)."""
-    names = [c.name for c in scope.clusters]
-    return string("Cluster (default: the first in scope).", enum=names) if len(names) > 1 else None
 
 
 def _namespace_arg(scope: ToolScope, description: str = "Namespace.") -> dict[str, Any]:
@@ -124,7 +118,7 @@ class KubeGet(_KubeTool):
                 "kind": string("Object kind.", enum=list(KINDS)),
                 "namespace": _namespace_arg(scope, "Namespace (namespaced kinds)."),
                 "name": string("Object name; empty lists them all."),
-                "cluster": _cluster_arg(scope),
+                "cluster": cluster_arg(scope),
             },
             required=["kind", "namespace", "name"],
         )
@@ -178,7 +172,7 @@ class KubeEvents(_KubeTool):
             {
                 "namespace": _namespace_arg(scope),
                 "name": string("Name of the object the events are about; empty: the whole namespace."),
-                "cluster": _cluster_arg(scope),
+                "cluster": cluster_arg(scope),
             },
             required=["namespace", "name"],
         )
@@ -226,7 +220,7 @@ class KubeLogs(_KubeTool):
                 "grep": string("Keep only lines containing this text (case-insensitive); empty: all.", 40),
                 "container": string("Container; empty: the first."),
                 "since_minutes": integer("Only lines of the last N minutes (0: no limit).", 0, 1440),
-                "cluster": _cluster_arg(scope),
+                "cluster": cluster_arg(scope),
             },
             required=["namespace", "pod", "previous", "tail", "grep"],
         )
@@ -288,7 +282,7 @@ class KubeRollout(_KubeTool):
             {
                 "namespace": _namespace_arg(scope),
                 "deployment": string("Deployment name."),
-                "cluster": _cluster_arg(scope),
+                "cluster": cluster_arg(scope),
             },
             required=["namespace", "deployment"],
         )
@@ -325,7 +319,7 @@ class KubeNode(_KubeTool):
 
     def parameters(self, scope: ToolScope) -> dict[str, Any]:
         """node, cluster."""
-        return obj({"node": string("Node name."), "cluster": _cluster_arg(scope)}, required=["node"])
+        return obj({"node": string("Node name."), "cluster": cluster_arg(scope)}, required=["node"])
 
     async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
         """The node line, capacity, and its pods in scope."""

@@ -1,4 +1,5 @@
-"""Prometheus tools: an instant or range query summarised per series, and the alerts that fire.
+"""Prometheus tools: an instant or range query summarised per series, the alerts that fire, and the
+alerting rules behind them.
 
 Queries go through the cluster's :class:`~bot.context.prometheus.PrometheusProvider` (its session,
 URL and bearer token). A range query is summarised as the gathered metrics are (min / max / last
@@ -17,6 +18,7 @@ from bot.context.prometheus import (
     NamespaceFilter,
     PrometheusError,
     PrometheusProvider,
+    finite,
     format_value,
     series_labels,
     summarise,
@@ -27,6 +29,7 @@ from bot.tools.base import (
     ToolError,
     ToolOutput,
     ToolScope,
+    cluster_arg,
     int_arg,
     integer,
     obj,
@@ -57,13 +60,6 @@ class _PromTool(Tool):
         return NamespaceFilter(list(cluster.namespaces or ()))
 
 
-def _cluster_arg(scope: ToolScope) -> dict[str, Any] | None:
-    """The optional cluster argument: only offered when the scope holds several (one fewer field
-    for a model to fill, and one it cannot fill wrongly)."""
-    names = [c.name for c in scope.clusters]
-    return string("Cluster (default: the first in scope).", enum=names) if len(names) > 1 else None
-
-
 class PromQuery(_PromTool):
     """PromQL, instant (``minutes`` 0) or over the last minutes, summarised per series."""
 
@@ -80,7 +76,7 @@ class PromQuery(_PromTool):
                 "query": string("PromQL expression.", 120),
                 "minutes": integer("Range in minutes; 0 for the current value.", 0, 1440),
                 "unit": string("Unit of the values.", enum=list(_UNITS)),
-                "cluster": _cluster_arg(scope),
+                "cluster": cluster_arg(scope),
             },
             required=["query", "minutes"],
         )
@@ -123,12 +119,12 @@ class PromQuery(_PromTool):
         for s in inside[:_MAX_SERIES]:
             labels = series_labels(s.get("metric") or {})
             if minutes:
-                points = [float(v) for _, v in s.get("values", []) if _finite(v)]
+                points = [float(v) for _, v in s.get("values", []) if finite(v)]
                 if points:
                     lines.append(f"{labels}: {summarise(points, unit)}")
             else:
                 value = (s.get("value") or [0, "NaN"])[1]
-                lines.append(f"{labels}: {format_value(float(value), unit) if _finite(value) else value}")
+                lines.append(f"{labels}: {format_value(float(value), unit) if finite(value) else value}")
         if len(inside) > _MAX_SERIES:
             lines.append(f"[{len(inside) - _MAX_SERIES} more series not listed]")
         if len(inside) < len(series):
@@ -157,7 +153,7 @@ class PromAlerts(_PromTool):
     def parameters(self, scope: ToolScope) -> dict[str, Any]:
         """alertname filter, cluster."""
         return obj(
-            {"alertname": string("Only this alert; empty: all."), "cluster": _cluster_arg(scope)},
+            {"alertname": string("Only this alert; empty: all."), "cluster": cluster_arg(scope)},
             required=["alertname"],
         )
 
@@ -192,14 +188,101 @@ class PromAlerts(_PromTool):
         )
 
 
-def _finite(value: object) -> bool:
-    try:
-        number = float(str(value))
-    except ValueError:
-        return False
-    return number == number and number not in (float("inf"), float("-inf"))
+class PromRules(_PromTool):
+    """The alerting rules behind the alerts: expression, ``for``, state, health, instances in scope."""
+
+    name = "prom_rules"
+    description = (
+        "Alerting rules: an alert's PromQL expression and threshold, its 'for' duration, state, "
+        "evaluation health and last error, and its instances in scope."
+    )
+
+    def parameters(self, scope: ToolScope) -> dict[str, Any]:
+        """alertname filter, cluster."""
+        return obj(
+            {
+                "alertname": string("This alert's rule; empty: the rules firing, pending or failing."),
+                "cluster": cluster_arg(scope),
+            },
+            required=["alertname"],
+        )
+
+    async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
+        """One block per rule: its header line, expression and instances."""
+        wanted = text_arg(arguments, "alertname")
+        cluster, provider = self._provider(scope, arguments)
+        keep = self._filter(cluster)
+        try:
+            data = await provider.api("rules", {"type": "alert"})
+        except PrometheusError as exc:
+            raise ToolError(str(exc)) from exc
+        rules = [
+            (str(group.get("name", "?")), rule)
+            for group in (data or {}).get("groups", [])
+            if isinstance(group, dict)
+            for rule in group.get("rules", [])
+            if isinstance(rule, dict) and rule.get("type", "alerting") == "alerting"
+        ]
+        if wanted:
+            rules = [(g, r) for g, r in rules if r.get("name") == wanted]
+        else:  # only what needs a look: the rest of a large rule set would drown it
+            rules = [(g, r) for g, r in rules if r.get("state") in ("firing", "pending") or _failing(r)]
+        lines: list[str] = []
+        for group, rule in rules[:_MAX_RULES]:
+            lines.extend(_rule_lines(group, rule, keep))
+        if len(rules) > _MAX_RULES:
+            lines.append(f"[{len(rules) - _MAX_RULES} more rules not listed]")
+        empty = f"no alerting rule named {wanted}" if wanted else "no rule is firing, pending or failing"
+        return ToolOutput(
+            "\n".join(lines) or empty,
+            f"Prometheus {provider.target}",
+            f"{len(rules)} rules",
+            ["GET /api/v1/rules?type=alert"],
+        )
+
+
+_MAX_RULES = 8
+_MAX_INSTANCES = 5
+
+
+def _failing(rule: Mapping[str, Any]) -> bool:
+    return rule.get("health") not in (None, "ok", "unknown") or bool(rule.get("lastError"))
+
+
+def _rule_lines(group: str, rule: Mapping[str, Any], keep: NamespaceFilter) -> list[str]:
+    """A rule as the model reads it: the header (state, for, health), the expression, the
+    severity and summary, and its active instances in scope (others counted, never shown)."""
+    labels = rule.get("labels") or {}
+    annotations = rule.get("annotations") or {}
+    duration = rule.get("duration") or 0
+    header = (
+        f"rule {rule.get('name', '?')} (group {group}): {rule.get('state', '?')}, "
+        f"for {duration:g} s, health {rule.get('health', '?')}"
+    )
+    if rule.get("lastError"):
+        header += f", last error: {rule['lastError']}"
+    lines = [header, f"  expr: {' '.join(str(rule.get('query', '')).split())}"]
+    if labels.get("severity"):
+        lines.append(f"  severity: {labels['severity']}")
+    summary = annotations.get("summary") or annotations.get("description")
+    if summary:
+        lines.append(f"  summary (template): {' '.join(str(summary).split())}")
+    instances = [a for a in rule.get("alerts") or [] if isinstance(a, dict)]
+    inside = [a for a in instances if keep(a.get("labels"))]
+    for alert in inside[:_MAX_INSTANCES]:
+        shown = {k: v for k, v in (alert.get("labels") or {}).items() if k not in labels and k != "alertname"}
+        own = " ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "(no labels of its own)"
+        since, value = alert.get("activeAt", "?"), alert.get("value", "?")
+        lines.append(f"  {alert.get('state', '?')} since {since}, value {value}: {own}")
+    if len(inside) > _MAX_INSTANCES:
+        lines.append(f"  [{len(inside) - _MAX_INSTANCES} more instances]")
+    if len(inside) < len(instances):
+        lines.append(
+            f"  [{len(instances) - len(inside)} instances in namespaces outside this channel's scope]"
+        )
+    return lines
 
 
 def prometheus_tools() -> list[Tool]:
     """Every Prometheus tool."""
-    return [PromQuery(), PromAlerts()]
+    return [PromQuery(), PromAlerts(), PromRules()]

@@ -87,6 +87,7 @@ async def test_every_step_is_a_well_formed_call_and_its_prompt_extends_the_last(
         "kube_node",
         "prom_query",
         "prom_alerts",
+        "prom_rules",
     )
     for step in found.calls:
         if step.arguments and '"data"' in step.arguments:

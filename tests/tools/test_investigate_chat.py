@@ -48,7 +48,16 @@ from inference.scenarios import ScenarioRegistry
 pytestmark = pytest.mark.timeout(900)
 
 QUESTION = "why does api-7f9c8d6b5-x2x9q in shop keep restarting?"
-OFFERED = ["kube_get", "kube_events", "kube_logs", "kube_rollout", "kube_node", "prom_query", "prom_alerts"]
+OFFERED = [
+    "kube_get",
+    "kube_events",
+    "kube_logs",
+    "kube_rollout",
+    "kube_node",
+    "prom_query",
+    "prom_alerts",
+    "prom_rules",
+]
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ async def test_the_box_offers_each_tool_with_a_closed_schema_and_scoped_namespac
         "kube_node",
         "prom_query",
         "prom_alerts",
+        "prom_rules",
     ]
     logs = next(s for s in box.specs if s.name == "kube_logs")
     assert logs.parameters["additionalProperties"] is False

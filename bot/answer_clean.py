@@ -72,25 +72,67 @@ def with_fence_stops(sampling: SamplingSettings) -> SamplingSettings:
     return replace(sampling, stop=stop, bad_words=bad)
 
 
-def clean_answer(text: str) -> str:
+def clean_answer(text: str, task: str = "") -> str:
     """``text`` without fence markup: markers (whole, cut short or misspelt) and their debris are
-    removed, the blank lines they leave folded; the ends are stripped. Idempotent."""
+    removed, the blank lines they leave folded; the ends are stripped. With ``task`` (the last user
+    turn of its prompt), an opening copy of that turn's first words goes too (:func:`_task_echo`).
+    Idempotent."""
     if "<<" not in text and ">>>" not in text and "‹‹" not in text and "id=" not in text:
-        return text.strip()
-    cleaned = _DEBRIS.sub("", _MARKER.sub("", text))
-    cleaned = "\n".join(line.rstrip() for line in cleaned.splitlines())
-    return _BLANK_RUNS.sub("\n\n", cleaned).strip()
+        cleaned = text.strip()
+    else:
+        cleaned = _DEBRIS.sub("", _MARKER.sub("", text))
+        cleaned = "\n".join(line.rstrip() for line in cleaned.splitlines())
+        cleaned = _BLANK_RUNS.sub("\n\n", cleaned).strip()
+    if task:
+        copied, _ = _task_echo(cleaned, task)
+        cleaned = cleaned[copied:].lstrip()
+    return cleaned
 
 
 _UNFINISHED_MARKER = re.compile(r"(?:<{2,}|‹{2,})[^\n<>‹›]*$")
 """A marker the stream has begun but not finished ("<<<END DAT"): no cleaning rule can know it yet."""
 
 
-def clean_partial(text: str) -> str:
+def clean_partial(text: str, task: str = "") -> str:
     """:func:`clean_answer` for an answer still streaming: a marker begun at its end is held back
     too (the next delta completes it and the cleaning removes it; a here-string stays once a word
-    follows it)."""
-    return _UNFINISHED_MARKER.sub("", clean_answer(text))
+    follows it), and so is an opening that so far only repeats ``task`` (it may be an echo)."""
+    cleaned = _UNFINISHED_MARKER.sub("", clean_answer(text, task))
+    if task and _task_echo(cleaned, task)[1]:
+        return ""
+    return cleaned
+
+
+_TASK_RUN = 6
+"""Words an answer must copy from the start of its last user turn to count as echoing it."""
+_PUNCTUATION = re.compile(r"[\s.:,;!?\-`*_>]*")
+
+
+def _task_echo(answer: str, task: str) -> tuple[int, bool]:
+    """``(characters of answer's opening copy of task, whether all of answer so far is such a
+    copy)``: the opening run of ``answer``'s words that equals ``task``'s first words, counted only
+    at :data:`_TASK_RUN` words or more, and cut at the last sentence or line end inside it (the
+    answer's own first word may happen to be the turn's next one). SmolLM2 opens answers with
+    "No more tool calls. Now write the answer ...": the investigation's last turn."""
+    task_words = _words(task)
+    words = list(_WORD.finditer(answer))
+    matched = 0
+    cut = (0, 0)  # (words, characters) of the copy up to its last sentence end
+    for index, match in enumerate(words):
+        word = match.group(0).lower().strip(".:,;")
+        if matched >= len(task_words) or word != task_words[matched]:
+            break
+        matched += 1
+        gap = answer[match.end() : words[index + 1].start() if index + 1 < len(words) else len(answer)]
+        if any(mark in match.group(0)[-1:] + gap for mark in ".:!?\n"):
+            cut = (matched, match.end())
+    end = words[matched - 1].end() if matched else 0
+    whole = answer[end:].strip() == ""
+    if matched < _TASK_RUN:
+        return 0, whole and matched < len(task_words)
+    copied = cut[1] if cut[0] >= _TASK_RUN else end
+    after = _PUNCTUATION.match(answer, copied)
+    return (after.end() if after else copied), whole
 
 
 def _words(text: str) -> list[str]:

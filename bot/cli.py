@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 from rich.console import Console
 
 from bot import __version__, event_loop
-from bot.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
+from bot.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings, with_loop
 from inference.scenarios import ALERT_SUMMARY, CHANGE_REVIEW, ROOT_CAUSE, TIMELINE
 
 if TYPE_CHECKING:  # the demo pulls in the eval's cases and servers: only `chat --demo` loads it
@@ -155,6 +155,12 @@ def _add_service_commands(sub: argparse._SubParsersAction[OneLineParser]) -> Non
         metavar="CASE",
         help="a built-in incident served by in-process Kubernetes and Prometheus APIs, no cluster "
         "needed (CASE: an `opsbot eval` case id; default: a worker that is OOMKilled)",
+    )
+    chat.add_argument(
+        "--loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="investigate with tools after the context (default: on with --demo, else [investigate] enabled)",
     )
 
 
@@ -382,7 +388,10 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     if args.command == "stats":
         return event_loop.run(_stats(settings, args, out=out, err=err), settings.event_loop)
     if args.command == "chat":
-        return event_loop.run(_chat(settings, args.demo, err, debug=args.debug), settings.event_loop)
+        loop = args.loop if args.loop is not None or args.demo is None else True
+        return event_loop.run(
+            _chat(with_loop(settings, loop), args.demo, err, debug=args.debug), settings.event_loop
+        )
     if args.command == "run":
         from bot import workers
 

@@ -761,7 +761,7 @@ class InvestigateSettings(ConfigSection):
     decision_max_tokens: int = Field(320, ge=16)
     """Tokens one tool call may take to write when an offered tool's schema leaves a string or list
     unbounded. Bounded schemas (every built-in tool) get the token ceiling of their longest call
-    instead, so a well-formed call is never cut; this also sizes each step's share of the window."""
+    instead, so a well-formed call is never cut."""
     tool_timeout_s: float = Field(5.0, gt=0)
     """Seconds one tool call may take."""
     root_cause_block: bool = True
@@ -1137,6 +1137,16 @@ ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
 }
 """URL schemes without a driver, and the async driver opsbot's store talks through instead."""
+
+
+def with_loop(settings: Settings, enabled: bool | None) -> Settings:
+    """``settings`` with the investigation loop on or off (``None``: as configured); the
+    ``--loop`` / ``--no-loop`` of ``opsbot eval`` and ``opsbot chat``."""
+    if enabled is None:
+        return settings
+    return settings.model_copy(
+        update={"investigate": settings.investigate.model_copy(update={"enabled": enabled})}
+    )
 
 
 def with_async_driver(url: str) -> str:

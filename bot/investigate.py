@@ -162,15 +162,6 @@ class Investigator:
         """The budget of ``scenario`` in ``lane`` (``None``: it answers without the loop)."""
         return self.settings.budget(scenario, lane)
 
-    def reserve(self, scenario: str, lane: Lane) -> int:
-        """Tokens of the window to keep free for the loop when step 0's prompt is fitted: the tool
-        outputs, the calls and the turns around them."""
-        budget = self.budget(scenario, lane)
-        if budget is None:
-            return 0
-        per_step = self.settings.decision_max_tokens + 64  # a call, its result's title and fences
-        return budget.max_tool_tokens + self.settings.max_output_tokens + budget.max_steps * per_step + 600
-
     async def run(
         self,
         *,
@@ -265,6 +256,12 @@ class Investigator:
         return block
 
 
+MIN_TOOL_OUTPUT = 128
+"""Fewest tokens of tool output worth a step: with less room left, the calls end (``window``)."""
+TURN_OVERHEAD = 96
+"""Tokens of the turn around a tool output (its step number, fences, the budget line)."""
+
+
 class _Loop:
     """One investigation's state (see the module docstring)."""
 
@@ -326,8 +323,10 @@ class _Loop:
                 found.stop = "tool_tokens"
                 break
             ids = self.tokenizer.render(messages)
+            # The window left once the answer's own tokens are set aside: a decision must fit
+            # whole, and its output at least a few lines (each output is capped to what is left).
             room = self.window - len(ids) - self.sampling.max_tokens
-            if room < self.decision_tokens + self.settings.max_output_tokens + 128:
+            if room < self.decision_tokens + MIN_TOOL_OUTPUT + TURN_OVERHEAD:
                 found.stop = "window"
                 break
             step = StepRecord(index=index, kind="call", status="unparsed")
@@ -360,7 +359,10 @@ class _Loop:
             title = describe_call(call)
             await self._show(StepUpdate(index, "pending", title))
             try:
-                outcome = await asyncio.wait_for(self.box.call(call), max(0.1, deadline - time.monotonic()))
+                left = room - result.output_tokens - TURN_OVERHEAD
+                outcome = await asyncio.wait_for(
+                    self.box.call(call, max_tokens=left), max(0.1, deadline - time.monotonic())
+                )
             except TimeoutError:
                 outcome = ToolResult(call, "timeout", "the investigation's time ran out during this call")
             step.status = outcome.status

@@ -579,8 +579,6 @@ class Pipeline:
         await self.urgent_first.step_aside(lane)  # the prompt's tokenization is CPU work
         investigator = self.investigator
         loop_on = investigator is not None and investigator.budget(scenario, lane) is not None
-        # With the loop on, step 0 leaves the window room for the steps' calls and outputs.
-        reserve = investigator.reserve(scenario, lane) if investigator is not None and loop_on else 0
         try:
             plan = prompts.build(
                 scenario=scenario,
@@ -588,7 +586,9 @@ class Pipeline:
                 asker=message.user_name or message.user,
                 history=history,
                 context=bundle,
-                max_tokens=sampling.max_tokens + reserve,
+                # Step 0 is the prompt the answer would have without the loop (its context keeps
+                # its share of the window); the loop's steps use what is left after it.
+                max_tokens=sampling.max_tokens,
             )
         except (EngineGenerateError, EngineDeadError) as exc:
             # The model server's own tokenizer (engine.backend = "openai") fails like the engine.
@@ -617,6 +617,7 @@ class Pipeline:
                 prepared.investigation = found
                 messages, token_ids = found.messages, found.token_ids
         record.prompt_tokens = len(token_ids)
+        prepared.task = messages[-1].content if messages and messages[-1].role == "user" else ""
         prepared.events = _StartedStream(
             engine.generate(
                 GenerationRequest(
@@ -668,6 +669,7 @@ class Pipeline:
                 sources,
                 hold,
                 prefix=checklist + "\n\n" if checklist and reply.steps_in_text else "",
+                task=prepared.task,
             )
         await sources
         if error is None and result is not None and result.output_tokens and not text.strip():
@@ -940,6 +942,7 @@ class Pipeline:
         before_text: asyncio.Future[None] | None = None,
         hold: UrgentHold | None = None,
         prefix: str = "",
+        task: str = "",
     ) -> tuple[str, GenerationResult | None, str | None]:
         """Run the engine's stream (already submitted by :meth:`_prepare`) into ``reply``; returns
         (text, result, user-facing error).
@@ -975,7 +978,7 @@ class Pipeline:
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(prefix + count_secrets(clean_partial(text))[0])
+                        await reply.update(prefix + count_secrets(clean_partial(text, task))[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):
@@ -998,7 +1001,7 @@ class Pipeline:
         # One text for the thread, the postmortem file and the stored turn: fence markup the stops
         # missed is removed, and what no store or platform takes (NUL, lone surrogates: a random
         # model emits them) is replaced, here once.
-        return clean_text(redact(clean_answer(text))), result, error
+        return clean_text(redact(clean_answer(text, task))), result, error
 
     async def _finish_record(self, record: RequestRecord, message: IncomingMessage) -> None:
         if record.e2e_ms is None:  # ended before an answer was complete: time to the failure
@@ -1136,6 +1139,8 @@ class _Prepared:
     investigation: Investigation | None = None
     """The loop's transcript and steps (``None``: answered from step 0 alone)."""
     steps: StepRelay | None = None
+    task: str = ""
+    """The prompt's last user turn: an answer that opens by copying it loses the copy."""
 
 
 class StepRelay:

@@ -380,7 +380,7 @@ class BatchRunner:
         summary.statuses[status] = summary.statuses.get(status, 0) + 1
         if result is not None:
             created = now - timedelta(milliseconds=result.e2e_ms)
-            text = redact(clean_answer(result.text), where="batch")
+            text = redact(clean_answer(result.text, item.task), where="batch")
             finished = ItemResult(
                 id=item.id,
                 group=item.group.key,

@@ -60,6 +60,8 @@ class WorkItem:
     """Data of the group that did not fit the budget (``"40 more lines of this group"``)."""
     prompt: str = ""
     """The prompt's text (every message): an answer that only repeats it counts as failed."""
+    task: str = ""
+    """The prompt's last user turn: an answer that opens by copying it loses the copy."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -258,6 +260,7 @@ def plan_work(
                 plan.token_ids,
                 plan.left_out,
                 prompt="\n".join(m.content for m in plan.messages),
+                task=plan.messages[-1].content,
             )
         )
     savings = _savings(chosen, items, scenario, builder, max_tokens, max_lines)

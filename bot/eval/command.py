@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
-from bot.config import ConfigError, Settings
+from bot.config import ConfigError, Settings, with_loop
 from bot.eval.cases import BUILTIN_CASES, CaseError, EvalCase, load_cases
 from bot.eval.feedback import export_lines
 from bot.eval.report import build_report, case_line, render_markdown, summary_line
@@ -93,11 +93,8 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
 
     if args.engine_config is not None:
         settings = apply_engine_config(settings, args.engine_config)
-    loop = getattr(args, "loop", None)
-    if loop is not None:  # --loop / --no-loop: the same cases and model with the loop on or off
-        settings = settings.model_copy(
-            update={"investigate": settings.investigate.model_copy(update={"enabled": loop})}
-        )
+    # --loop / --no-loop: the same cases and model with the loop on or off
+    settings = with_loop(settings, getattr(args, "loop", None))
     paths = list(args.cases) or [BUILTIN_CASES]
     try:
         cases = _chosen_cases(paths, args.case)

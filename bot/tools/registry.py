@@ -153,10 +153,12 @@ class ToolBox:
         """The tools' specs (fixed when the box is made: nothing a call returns changes them)."""
         return self._specs
 
-    async def call(self, call: ToolCall) -> ToolResult:
-        """Run ``call`` on the path of the module docstring; never raises for a tool's failure."""
+    async def call(self, call: ToolCall, max_tokens: int | None = None) -> ToolResult:
+        """Run ``call`` on the path of the module docstring; never raises for a tool's failure.
+        ``max_tokens``: a lower cap for this output than the box's (the room left in the window)."""
         started = time.perf_counter()
-        result = await self._call(call)
+        cap = self.max_output_tokens if max_tokens is None else min(self.max_output_tokens, max_tokens)
+        result = await self._call(call, cap)
         result.latency_ms = (time.perf_counter() - started) * 1000
         result.output_tokens = self.count(result.text)
         metrics.TOOL_CALLS.labels(
@@ -164,7 +166,7 @@ class ToolBox:
         ).inc()
         return result
 
-    async def _call(self, call: ToolCall) -> ToolResult:
+    async def _call(self, call: ToolCall, cap: int) -> ToolResult:
         tool = self.tools.get(call.name)
         if tool is None:
             return ToolResult(
@@ -193,7 +195,7 @@ class ToolBox:
                 call, "error", redact(f"{call.name} failed: {type(exc).__name__}: {exc}", where="tools")
             )
         text = redact(output.text, where="tools")
-        text, cut = self._capped(text, keep_end=call.name in CHRONOLOGICAL)
+        text, cut = self._capped(text, cap, keep_end=call.name in CHRONOLOGICAL)
         return ToolResult(
             call,
             "ok",
@@ -204,15 +206,15 @@ class ToolBox:
             proposal=output.proposal,
         )
 
-    def _capped(self, text: str, *, keep_end: bool) -> tuple[str, int]:
-        """``text`` within ``max_output_tokens``, whole lines, with a note of what was cut."""
+    def _capped(self, text: str, cap: int, *, keep_end: bool) -> tuple[str, int]:
+        """``text`` within ``cap`` tokens, whole lines, with a note of what was cut."""
         total = self.count(text)
-        if total <= self.max_output_tokens:
+        if total <= cap:
             return text, 0
         lines = text.splitlines()
         kept: list[str] = []
         used = 0
-        budget = self.max_output_tokens - 24  # room for the note
+        budget = cap - 24  # room for the note
         for line in reversed(lines) if keep_end else lines:
             cost = self.count(line) + 1
             if used + cost > budget:
@@ -223,9 +225,6 @@ class ToolBox:
             kept.reverse()
         dropped = len(lines) - len(kept)
         which = "older" if keep_end else "further"
-        note = (
-            f"[cut: {dropped} {which} lines, about {total - used} tokens over the "
-            f"{self.max_output_tokens}-token cap]"
-        )
+        note = f"[cut: {dropped} {which} lines, about {total - used} tokens over the {cap}-token cap]"
         body = "\n".join([note, *kept] if keep_end else [*kept, note])
         return body, total - used

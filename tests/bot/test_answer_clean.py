@@ -47,6 +47,10 @@ MISSPELT = "checkout-api is OOMKilled.\n<<END DATA id=4f2a9c1e>> exit code 137"
 """Markup no stop string matches (two brackets): the cleaning removes it."""
 CLOSING_FIRST = "<<<END DATA id=4f2a9c1e>>\n\nThe pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
 """How SmolLM2 on llama.cpp starts most answers: the closing marker, then the answer itself."""
+TASK_FIRST = (
+    "Task: find the most likely root cause of the problem below.\n"
+    "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
+)
 ONLY_DATA = '<<<DATA id=4f2a9c1e label="Kubernetes: pods">>>\ncheckout-api-7d9f4 Running'
 """An answer that opens a data fence at once: the stop leaves nothing."""
 
@@ -192,6 +196,12 @@ async def closing_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remot
 
 
 @pytest.fixture
+async def task_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(TASK_FIRST, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
 async def only_data(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
     async for remote in _remote(ONLY_DATA, tiny_model, tmp_path):
         yield remote
@@ -251,3 +261,32 @@ async def test_an_answer_with_nothing_left_says_so_and_stores_no_turn(only_data:
     assert "<<<" not in shown and "Running" not in shown
     history = await only_data.store.thread_history("console", "terminal", only_data.adapter.session)
     assert [t.role for t in history] == ["user"]
+
+
+def test_an_opening_copy_of_the_last_user_turn_is_dropped_and_held_back_while_streaming() -> None:
+    from bot.investigate import ANSWER_TURN
+
+    copied = (
+        "No more tool calls. Now write the answer to the message above from the data:\n"
+        "The pod was OOMKilled [1]."
+    )
+    assert clean_answer(copied, ANSWER_TURN) == "The pod was OOMKilled [1]."
+    # while streaming, an opening that so far only repeats the turn shows nothing yet
+    assert [clean_partial(copied[:n], ANSWER_TURN) for n in (8, 19, 40)] == ["", "", ""]
+    assert clean_partial("No, nothing restarted", ANSWER_TURN) == "No, nothing restarted"
+    # five words in common are a coincidence, not an echo; without a task nothing is dropped
+    assert clean_answer("No more tool calls. Now the pod is fine.", ANSWER_TURN).startswith("No more tool")
+    assert clean_answer(copied).startswith("No more tool calls.")
+
+
+async def test_an_answer_opening_with_its_task_line_is_shown_and_stored_without_it(
+    task_first: Remote,
+) -> None:
+    await task_first.adapter._submit(task_first.adapter.to_message("why is checkout-api down?"))  # type: ignore[misc]
+    shown = task_first.out.getvalue()
+    assert "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)." in shown
+    assert "Task: find the most likely" not in shown
+    history = await task_first.store.thread_history("console", "terminal", task_first.adapter.session)
+    assert [t.content for t in history if t.role == "assistant"] == [
+        "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
+    ]

@@ -47,7 +47,7 @@ async def test_every_step_is_a_well_formed_call_and_its_prompt_extends_the_last(
         question=question,
         asker="sre",
         context=bundle,
-        max_tokens=256 + loop.reserve("root_cause", Lane.NORMAL),
+        max_tokens=256,
     )
     shown: list[StepUpdate] = []
 

@@ -96,7 +96,7 @@ async def run_case(
             question=question,
             asker="bench",
             context=bundle,
-            max_tokens=args.answer_tokens + loop.reserve("root_cause", Lane.NORMAL),
+            max_tokens=args.answer_tokens,  # step 0 as without the loop, as the pipeline builds it
         )
         t1 = time.perf_counter()
         found = await loop.run(

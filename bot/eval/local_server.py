@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 from dataclasses import dataclass, field
+from typing import Self
 
 from aiohttp import web
 
@@ -49,6 +50,14 @@ class LocalApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def __aenter__(self) -> Self:
+        """``async with server:`` serves for the block (:meth:`start`, then :meth:`stop`)."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
 
     async def answer_delay(self) -> None:
         """Wait the drawn latency (nothing when ``latency_s`` is zero)."""

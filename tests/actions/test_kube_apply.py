@@ -20,12 +20,8 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 async def server() -> AsyncIterator[KubernetesSnapshotServer]:
-    srv = cluster()
-    await srv.start()
-    try:
+    async with cluster() as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 @pytest.fixture

@@ -62,12 +62,8 @@ RESTART = {
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubernetesSnapshotServer]:
-    srv = cluster()
-    await srv.start()
-    try:
+    async with cluster() as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 @pytest.fixture

@@ -26,12 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubernetesSnapshotServer]:
-    srv = cluster()
-    await srv.start()
-    try:
+    async with cluster() as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 @pytest.fixture

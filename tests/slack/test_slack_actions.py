@@ -27,12 +27,8 @@ ASKER = "U0ASKER"
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubernetesSnapshotServer]:
-    srv = cluster()
-    await srv.start()
-    try:
+    async with cluster() as srv:
         yield srv
-    finally:
-        await srv.stop()
 
 
 _SERVICES: list[ActionService] = []

@@ -6,7 +6,7 @@ end it, and a planted instruction in a log line changes neither the tools nor th
 from __future__ import annotations
 
 import pytest
-from fakes.shop_cluster import PLANTED
+from fakes.shop_cluster import PLANTED, SHOP_TOOLS
 
 from bot.config import InvestigateSettings, LaneBudget
 from bot.context.gatherer import ContextGatherer
@@ -79,16 +79,7 @@ async def test_every_step_is_a_well_formed_call_and_its_prompt_extends_the_last(
     assert [u.state for u in shown if u.state == "pending"] == ["pending"] * len(ran)
     # The tools offered and the scope are what configuration and the channel gave: the planted
     # instruction in the api's log (if a step read it) added no tool and opened no namespace.
-    assert found.tools == (
-        "kube_get",
-        "kube_events",
-        "kube_logs",
-        "kube_rollout",
-        "kube_node",
-        "prom_query",
-        "prom_alerts",
-        "prom_rules",
-    )
+    assert found.tools == SHOP_TOOLS
     for step in found.calls:
         if step.arguments and '"data"' in step.arguments:
             assert step.status == "error"

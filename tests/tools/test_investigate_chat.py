@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from fakes.mattermost_server import FakeMattermost
+from fakes.shop_cluster import SHOP_TOOLS
 from fakes.slack_harness import DEFAULTS, answers, slack_settings
 from fakes.slack_server import FakeSlack
 
@@ -48,16 +49,7 @@ from inference.scenarios import ScenarioRegistry
 pytestmark = pytest.mark.timeout(900)
 
 QUESTION = "why does api-7f9c8d6b5-x2x9q in shop keep restarting?"
-OFFERED = [
-    "kube_get",
-    "kube_events",
-    "kube_logs",
-    "kube_rollout",
-    "kube_node",
-    "prom_query",
-    "prom_alerts",
-    "prom_rules",
-]
+OFFERED = list(SHOP_TOOLS)
 
 
 @pytest.fixture

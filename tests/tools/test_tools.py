@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from fakes.shop_cluster import SECRET
+from fakes.shop_cluster import SECRET, SHOP_TOOLS
 
 from bot.context.gatherer import ContextGatherer
 from bot.context.scope import ChannelRef
@@ -45,16 +45,7 @@ async def test_the_box_offers_each_tool_with_a_closed_schema_and_scoped_namespac
 ) -> None:
     box = await shop_box(gatherer)
     names = [s.name for s in box.specs]
-    assert names == [
-        "kube_get",
-        "kube_events",
-        "kube_logs",
-        "kube_rollout",
-        "kube_node",
-        "prom_query",
-        "prom_alerts",
-        "prom_rules",
-    ]
+    assert names == list(SHOP_TOOLS)
     logs = next(s for s in box.specs if s.name == "kube_logs")
     assert logs.parameters["additionalProperties"] is False
     assert logs.parameters["properties"]["namespace"]["enum"] == ["shop"]

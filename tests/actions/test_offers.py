@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.actions_world import NS, actions_settings, applied, cluster, service
+from fakes.mattermost_server import FakeMattermost
 from fakes.openai_server import FakeOpenAIServer
 from fakes.slack_harness import answers, slack_settings
 from fakes.slack_server import FakeMessage, FakeSlack
 
 from bot.actions.service import ActionService
+from bot.adapters.mattermost import MattermostAdapter
 from bot.adapters.slack import SlackAdapter
 from bot.app import submit_to
 from bot.config import (
@@ -26,6 +29,7 @@ from bot.config import (
     InvestigateSettings,
     KubernetesSettings,
     LaneBudget,
+    MattermostSettings,
     ScopeSettings,
     Settings,
     StoreSettings,
@@ -79,23 +83,38 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await opened.close(flush_timeout_s=5)
 
 
-async def ask(
-    slack: FakeSlack,
+@dataclass
+class World:
+    """A pipeline with actions on (and the loop, if asked), before any adapter is attached."""
+
+    chat: Pipeline
+    service: ActionService
+    engine: OpenAIEngine
+    gatherer: ContextGatherer
+
+    async def close(self) -> None:
+        await self.gatherer.close()
+        await self.service.close()
+        await self.engine.shutdown(drain_timeout_s=5)
+
+
+async def world(
     kube: KubernetesSnapshotServer,
     model_server: FakeOpenAIServer,
     store: Store,
     tmp: Path,
+    channel: str,
     *,
     policies: list[dict[str, Any]],
     loop: bool,
     **actions: Any,
-) -> tuple[FakeMessage, ActionService]:
-    """One mention in C1 answered by a pipeline with actions on; the answer and the service."""
+) -> World:
+    """The pipeline of these tests: ``channel`` reads namespace shop of the actions cluster."""
     settings = Settings(
         kubernetes=KubernetesSettings(
             enabled=True, kubeconfig=kube.write_kubeconfig(tmp / "kubeconfig", context="c"), namespaces=[NS]
         ),
-        scope=ScopeSettings(channels=[ChannelScopeSettings(match=["C1"], namespaces=[NS])]),
+        scope=ScopeSettings(channels=[ChannelScopeSettings(match=[channel], namespaces=[NS])]),
     )
     engine = OpenAIEngine(
         EngineConfig(
@@ -127,26 +146,42 @@ async def ask(
         investigator=Investigator(ToolRegistry(gatherer), investigate) if loop else None,
         actions=svc,
     )
+    return World(chat, svc, engine, gatherer)
+
+
+async def ask(
+    slack: FakeSlack,
+    kube: KubernetesSnapshotServer,
+    model_server: FakeOpenAIServer,
+    store: Store,
+    tmp: Path,
+    *,
+    policies: list[dict[str, Any]],
+    loop: bool,
+    **actions: Any,
+) -> tuple[FakeMessage, ActionService]:
+    """One mention in C1 on Slack answered by a pipeline with actions on; the answer and the service."""
+    made = await world(kube, model_server, store, tmp, "C1", policies=policies, loop=loop, **actions)
     adapter = SlackAdapter(slack_settings(slack), store)
-    svc.attach({"slack": adapter})
-    adapter.actions = svc
-    await adapter.start(submit_to(chat, adapter))
+    made.service.attach({"slack": adapter})
+    adapter.actions = made.service
+    await adapter.start(submit_to(made.chat, adapter))
     try:
         event = slack.user_message(
             "C1", "U0ASKER", f"<@{slack.bot_user_id}> why is deployment api in shop failing?"
         )
         for e in slack.mention_events(event):
             await slack.deliver_event(e)
-        await slack.wait_for(lambda: len(answers(slack, "C1")) == 1 and chat.in_flight == 0, timeout_s=60)
-        await chat.drain(10)
+        await slack.wait_for(
+            lambda: len(answers(slack, "C1")) == 1 and made.chat.in_flight == 0, timeout_s=60
+        )
+        await made.chat.drain(10)
     finally:
         await adapter.stop()
         await adapter.close()
-        await gatherer.close()
-        await svc.close()
-        await engine.shutdown(drain_timeout_s=5)
+        await made.close()
     (answer,) = answers(slack, "C1")
-    return answer, svc
+    return answer, made.service
 
 
 def cards(slack: FakeSlack) -> list[str]:
@@ -228,3 +263,42 @@ async def test_commands_are_not_offered_when_turned_off_and_at_most_max_offers_c
         assert only.startswith(
             "*Proposed action:* Rollout restart deployment/api -n shop"
         )  # the model's first
+
+
+async def test_on_mattermost_the_answers_command_is_a_card_in_its_thread_for_a_channel_matched_by_name(
+    kube: KubernetesSnapshotServer, model_server: FakeOpenAIServer, store: Store, tmp_path: Path
+) -> None:
+    async with FakeMattermost() as mm:
+        alice, approver = mm.add_user("alice"), mm.add_user("approver")
+        channel = mm.add_channel("incidents", [alice, approver, mm.bot_user_id])
+        policy = {"match": ["#incidents"], "platform": "mattermost", "approvers": [approver]}
+        made = await world(kube, model_server, store, tmp_path, channel, policies=[policy], loop=False)
+        settings = MattermostSettings(
+            enabled=True, public_url="http://opsbot.example", **mm.settings_kwargs()
+        )
+        adapter = MattermostAdapter(settings, store)
+        made.service.attach({"mattermost": adapter})
+        adapter.actions = made.service
+        await adapter.start(submit_to(made.chat, adapter))
+        try:
+            post = await mm.user_posts(alice, channel, "@opsbot why is deployment api in shop failing?")
+            cards = lambda: [  # noqa: E731
+                a["text"]
+                for p in mm.bot_posts(channel)
+                for a in p.get("props", {}).get("attachments", [])
+                if "Proposed action:" in a.get("text", "")
+            ]
+            await mm.wait_for(lambda: made.chat.in_flight == 0 and bool(cards()), timeout=60)
+            await made.chat.drain(10)
+            card_posts = [p for p in mm.bot_posts(channel) if p.get("props", {}).get("attachments")]
+        finally:
+            await adapter.stop()
+            await adapter.close()
+            await made.close()
+    (card,) = cards()
+    assert card.startswith("*Proposed action:* Roll back deployment/api -n shop to the previous revision")
+    assert "suggested in opsbot's answer: `kubectl rollout undo deployment/api -n shop`" in card
+    assert {p["root_id"] for p in card_posts} == {post["id"]}  # in the question's thread
+    buttons = card_posts[0]["props"]["attachments"][0]["actions"]
+    assert [b["name"] for b in buttons] == ["Approve", "Reject"]
+    assert applied(kube) == []

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bot.context.alertmanager_api import AlertmanagerApiError
-from bot.tools.base import Tool, ToolError, ToolOutput, ToolScope, obj, string, text_arg
+from bot.tools.base import Tool, ToolError, ToolOutput, ToolScope, dropped_note, obj, string, text_arg
 
 _MAX_LISTED = 30
 
@@ -66,10 +66,7 @@ class AlertmanagerAlerts(_AlertmanagerTool):
                 + " ".join(f"{k}={v}" for k, v in sorted(labels.items()))
                 + (f" - {summary}" if summary else "")
             )
-        if len(inside) < len(found):
-            lines.append(
-                f"[{len(found) - len(inside)} alerts of namespaces outside this channel's scope dropped]"
-            )
+        lines += dropped_note(len(found), len(inside), "alerts")
         return ToolOutput(
             "\n".join(lines) or "no active alerts",
             f"Alertmanager {scope.alertmanager.url}",  # type: ignore[union-attr]
@@ -117,10 +114,7 @@ class AlertmanagerSilences(_AlertmanagerTool):
                 f"{(silence.get('status') or {}).get('state')} until {silence.get('endsAt')}: {{{matchers}}} "
                 f"by {silence.get('createdBy')}: {silence.get('comment')}"
             )
-        if len(inside) < len(live):
-            lines.append(
-                f"[{len(live) - len(inside)} silences of namespaces outside this channel's scope dropped]"
-            )
+        lines += dropped_note(len(live), len(inside), "silences")
         return ToolOutput(
             "\n".join(lines) or "no active silences",
             f"Alertmanager {scope.alertmanager.url}",  # type: ignore[union-attr]

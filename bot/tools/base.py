@@ -150,6 +150,14 @@ def string(description: str, max_length: int = NAME_MAX, enum: Sequence[str] | N
     return {"type": "string", "maxLength": max_length, "description": description}
 
 
+def dropped_note(total: int, kept: int, what: str, indent: str = "") -> list[str]:
+    """The line saying how many ``what`` a listing left out as outside the channel's namespaces
+    (none when nothing was): the model learns they exist, never what they say."""
+    if kept >= total:
+        return []
+    return [f"{indent}[{total - kept} {what} of namespaces outside this channel's scope dropped]"]
+
+
 def cluster_arg(scope: ToolScope) -> dict[str, Any] | None:
     """The optional cluster argument: only offered when the scope holds several (one fewer field
     for a model to fill, and one it cannot fill wrongly)."""

@@ -30,6 +30,7 @@ from bot.tools.base import (
     ToolOutput,
     ToolScope,
     cluster_arg,
+    dropped_note,
     int_arg,
     integer,
     obj,
@@ -127,10 +128,7 @@ class PromQuery(_PromTool):
                 lines.append(f"{labels}: {format_value(float(value), unit) if finite(value) else value}")
         if len(inside) > _MAX_SERIES:
             lines.append(f"[{len(inside) - _MAX_SERIES} more series not listed]")
-        if len(inside) < len(series):
-            lines.append(
-                f"[{len(series) - len(inside)} series of namespaces outside this channel's scope dropped]"
-            )
+        lines += dropped_note(len(series), len(inside), "series")
         window = f"last {minutes} min" if minutes else "now"
         return ToolOutput(
             "\n".join(lines) or f"no series for {promql} ({window})",
@@ -276,10 +274,7 @@ def _rule_lines(group: str, rule: Mapping[str, Any], keep: NamespaceFilter) -> l
         lines.append(f"  {alert.get('state', '?')} since {since}, value {value}: {own}")
     if len(inside) > _MAX_INSTANCES:
         lines.append(f"  [{len(inside) - _MAX_INSTANCES} more instances]")
-    if len(inside) < len(instances):
-        lines.append(
-            f"  [{len(instances) - len(inside)} instances in namespaces outside this channel's scope]"
-        )
+    lines += dropped_note(len(instances), len(inside), "instances", indent="  ")
     return lines
 
 

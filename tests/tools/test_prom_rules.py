@@ -84,7 +84,7 @@ async def test_a_named_rule_shows_its_expression_threshold_and_instances_in_scop
     # the same rule read from a channel of another namespace: the instance is counted, not shown
     hidden = (await PromRules().run({"alertname": "MemoryHigh"}, scope(provider, "shop"))).text
     assert "api-7f9c8d6b5" not in hidden
-    assert "[1 instances in namespaces outside this channel's scope]" in hidden
+    assert "[1 instances of namespaces outside this channel's scope dropped]" in hidden
 
 
 async def test_without_a_name_only_the_rules_firing_pending_or_failing_are_listed(
@@ -140,6 +140,6 @@ async def test_the_eval_snapshot_serves_each_alerts_rule_in_prometheus_shape() -
         "  expr: rate(kube_pod_container_status_restarts_total[5m]) * 60 * 5 > 0",
         "  severity: warning",
         out.text.splitlines()[3],
-        "  [1 instances in namespaces outside this channel's scope]",
+        "  [1 instances of namespaces outside this channel's scope dropped]",
     ]
     assert "pod=api-1" in out.text and "db-0" not in out.text

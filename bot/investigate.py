@@ -468,10 +468,7 @@ def catalogue(specs: Sequence[ToolSpec], budget: LaneBudget) -> str:
         f'a numbered step. Call "{FINAL_ANSWER}" when the data above is enough. Tools:'
     ]
     for spec in specs:
-        shape = spec.parameters
-        if "anyOf" in shape:  # one option per kind (propose_action): the same fields in each
-            shape = shape["anyOf"][0]
-        args = ", ".join(shape.get("properties") or {})
+        args = ", ".join(spec.parameters.get("properties") or {})
         lines.append(f"- {spec.name}({args}): {spec.description}")
     return "\n".join(lines)
 

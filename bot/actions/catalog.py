@@ -205,11 +205,12 @@ def name_schema(max_length: int) -> dict[str, Any]:
 
 
 def tool_schema(namespaces: Sequence[str] = (), name_max: int = 63, max_step: int = 50) -> dict[str, Any]:
-    """The ``propose_action`` tool's arguments: one option per kind of :data:`PROPOSABLE` (the
-    ``action`` a constant, its ``params`` exactly that kind's schema, a namespace one of
-    ``namespaces`` when given, names at most ``name_max`` characters), a one-line ``why`` and the
-    ``steps`` whose outputs show it. Closed and bounded, so a grammar constrains a call wholly."""
-    options = []
+    """The ``propose_action`` tool's arguments, a closed object (what the OpenAI ``tools`` form
+    requires at the top): ``action`` one of :data:`PROPOSABLE`, ``params`` one of their parameter
+    schemas (a namespace one of ``namespaces`` when given, names at most ``name_max`` characters),
+    a one-line ``why`` and the ``steps`` whose outputs show it. Bounded, so a grammar constrains a
+    call wholly; that ``params`` fit ``action`` is checked when the call runs (:func:`check`)."""
+    options: list[dict[str, Any]] = []
     for action in PROPOSABLE:
         schema = SCHEMAS[action]
         props: dict[str, Any] = {}
@@ -219,30 +220,30 @@ def tool_schema(namespaces: Sequence[str] = (), name_max: int = 63, max_step: in
             elif key == "name":
                 value = name_schema(name_max)
             props[key] = value
-        options.append(
-            {
-                "type": "object",
-                "properties": {
-                    "action": {"const": action},
-                    "params": {
-                        "type": "object",
-                        "properties": props,
-                        "required": list(schema["required"]),
-                        "additionalProperties": False,
-                    },
-                    "why": {"type": "string", "maxLength": 200},
-                    "steps": {
-                        "type": "array",
-                        "items": {"type": "integer", "minimum": 0, "maximum": max_step},
-                        "minItems": 1,
-                        "maxItems": 3,
-                    },
-                },
-                "required": ["action", "params", "why", "steps"],
-                "additionalProperties": False,
-            }
-        )
-    return {"anyOf": options}
+        option = {
+            "type": "object",
+            "properties": props,
+            "required": list(schema["required"]),
+            "additionalProperties": False,
+        }
+        if option not in options:  # cordon and uncordon take the same parameters
+            options.append(option)
+    return {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": list(PROPOSABLE)},
+            "params": {"anyOf": options},
+            "why": {"type": "string", "maxLength": 200},
+            "steps": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0, "maximum": max_step},
+                "minItems": 1,
+                "maxItems": 3,
+            },
+        },
+        "required": ["action", "params", "why", "steps"],
+        "additionalProperties": False,
+    }
 
 
 def check(action: str, params: dict[str, Any]) -> None:

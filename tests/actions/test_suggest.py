@@ -85,10 +85,13 @@ def test_without_a_namespace_and_several_readable_the_command_is_skipped_and_rep
 
 def test_the_tool_schema_is_closed_bounded_and_namespaced_by_the_scope() -> None:
     schema = tool_schema(["shop"])
-    assert [o["properties"]["action"]["const"] for o in schema["anyOf"]] == list(PROPOSABLE)
+    assert schema["type"] == "object" and schema["additionalProperties"] is False  # OpenAI's tools form
+    assert schema["properties"]["action"]["enum"] == list(PROPOSABLE)
     assert token_ceiling(schema) is not None
-    for option in schema["anyOf"]:
-        params = option["properties"]["params"]["properties"]
+    options = schema["properties"]["params"]["anyOf"]
+    assert len(options) == len(PROPOSABLE) - 1  # cordon and uncordon share theirs
+    for option in options:
+        params = option["properties"]
         if "namespace" in params:
             assert params["namespace"]["enum"] == ["shop"]
         assert params["name"]["maxLength"] == 63 and "{0,61}" in params["name"]["pattern"]

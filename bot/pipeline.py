@@ -119,8 +119,8 @@ STALLED_TEXT = (
     "platform or opsbot itself is stuck; the operators' logs say more). Please ask again."
 )
 EMPTY_ANSWER_TEXT = (
-    ":warning: {model} gave no answer: it only copied the prompt's markup back. A larger model "
-    "answers (engine.model; the README recommends one per machine)."
+    ":warning: {model} gave no answer: it only copied its prompt back (markup or instructions). "
+    "A larger model answers (engine.model; the README recommends one per machine)."
 )
 UNDELIVERED_TEXT = ":warning: opsbot could not post its whole answer here: {detail}"
 ACTIONS_OFF_TEXT = (
@@ -676,7 +676,7 @@ class Pipeline:
             # Nothing left once fence markup is removed (a small model copying its prompt): say so,
             # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
             error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
-            record.error = "the answer was empty once fence markup was removed"
+            record.error = "the answer was empty once fence markup and copied instructions were removed"
         shown = text
         if prepared.investigation is not None:
             shown = await self._conclude_investigation(message, record, prepared, text, result, error)

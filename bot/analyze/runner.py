@@ -402,7 +402,9 @@ class BatchRunner:
                 platform=self.platform,
                 channel=self.channel,
                 left_out=item.left_out,
-                failure=echo_verdict(text, item.prompt),
+                # Judged on the text as the model wrote it: an answer that copied its whole last
+                # turn is an echo, not the empty text its cleaning leaves.
+                failure=echo_verdict(result.text, item.prompt),
             )
             self.results.append(finished)
             self.finished[item.id] = finished

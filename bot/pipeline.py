@@ -78,6 +78,7 @@ from inference.engine import (
 )
 from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
+from inference.tool_calls import DECISION_OPENINGS
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
     from bot.actions.service import ActionService
@@ -616,6 +617,7 @@ class Pipeline:
             if found is not None:
                 prepared.investigation = found
                 messages, token_ids = found.messages, found.token_ids
+                sampling = replace(sampling, bad_words=(*sampling.bad_words, *DECISION_OPENINGS))
         record.prompt_tokens = len(token_ids)
         prepared.task = messages[-1].content if messages and messages[-1].role == "user" else ""
         prepared.events = _StartedStream(

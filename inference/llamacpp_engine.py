@@ -435,8 +435,8 @@ class LlamaCppEngine(CpuEngine):
         return [forbid]
 
     def _opening_bans(self, bad_words: tuple[str, ...]) -> list[int]:
-        """Token ids whose text (leading spaces aside) is at least two characters of a bad word's
-        beginning, or holds a whole bad word; computed once per set of words."""
+        """Token ids whose text (leading spaces aside) is a beginning of a bad word (``<``, ``<<``,
+        ``{``, ``{"``), or holds a whole bad word; computed once per set of words."""
         with self._lock:
             found = self._bans.get(bad_words)
         if found is not None:
@@ -446,7 +446,7 @@ class LlamaCppEngine(CpuEngine):
         found = []
         for token in range(tok.vocab_size):
             piece = tok.decode([token]).lstrip()
-            if len(piece) >= 2 and any(w.startswith(piece) or w in piece for w in bad_words):
+            if piece and any(w.startswith(piece) or w in piece for w in bad_words):
                 found.append(token)
         with self._lock:
             self._bans[bad_words] = found

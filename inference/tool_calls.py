@@ -21,6 +21,10 @@ from inference.engine import ToolSpec
 FINAL_ANSWER = "final_answer"
 """The pseudo-tool that ends the tool calls: the next step writes the answer."""
 
+DECISION_OPENINGS: tuple[str, ...] = ('{"name"', '{ "name"')
+"""How a decision's text begins. The answer after an investigation gets them as bad words: a small
+model that wrote calls for every step keeps writing one where the answer belongs."""
+
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 

@@ -242,3 +242,37 @@ async def test_bad_words_keep_a_model_from_opening_its_answer_with_the_prompts_m
         await engine.shutdown()
     assert texts[0].lstrip().startswith("<<<DATA")  # the case is real: without them it copies
     assert not texts[1].lstrip().startswith("<<"), texts[1]
+
+
+async def test_after_calls_the_answer_may_not_open_with_another_call(smollm2_gguf: Path) -> None:
+    """A transcript of JSON calls (an investigation's): SmolLM2 answers with one more call; with the
+    decision's opening as a bad word (what the pipeline gives the answer after a loop) it writes
+    words instead."""
+    from inference.tool_calls import DECISION_OPENINGS
+
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start()
+    call = '{ "name": "kube_get", "arguments": { "kind": "pod", "namespace": "shop", "name": "api-1" }}'
+    turns = [
+        ChatMessage("system", "Call tools as JSON, then answer."),
+        ChatMessage("user", "why is api-1 in shop restarting?"),
+        ChatMessage("assistant", call),
+        ChatMessage("user", "Result of step [1]: pod shop/api-1 OOMKilled, 7 restarts."),
+        ChatMessage("assistant", call.replace("pod", "deployment")),
+        ChatMessage("user", "Result of step [2]: deployment shop/api 2/3 ready. No more tool calls: answer."),
+    ]
+    try:
+        texts = []
+        for bad in ((), DECISION_OPENINGS):
+            request = GenerationRequest(
+                f"calls-{len(bad)}",
+                "chat",
+                Lane.NORMAL,
+                SamplingSettings(temperature=0.0, max_tokens=8, bad_words=bad),
+                messages=turns,
+            )
+            texts.append((await answer(engine, request)).text)
+    finally:
+        await engine.shutdown()
+    assert texts[0].lstrip().startswith("{"), texts[0]  # the case is real: without them, a call
+    assert not texts[1].lstrip().startswith("{"), texts[1]

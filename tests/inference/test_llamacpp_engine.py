@@ -214,6 +214,21 @@ async def test_extra_buffers_off_reaches_llamacpps_model_parameters_and_the_engi
     assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True  # put back
 
 
+async def openings(engine: LlamaCppEngine, turns: list[ChatMessage], bad: tuple[str, ...]) -> list[str]:
+    """The first 8 greedy tokens' text after ``turns``: without bad words, then with ``bad``."""
+    texts = []
+    for words in ((), bad):
+        request = GenerationRequest(
+            f"bad-{len(words)}",
+            "chat",
+            Lane.NORMAL,
+            SamplingSettings(temperature=0.0, max_tokens=8, bad_words=words),
+            messages=turns,
+        )
+        texts.append((await answer(engine, request)).text)
+    return texts
+
+
 async def test_bad_words_keep_a_model_from_opening_its_answer_with_the_prompts_markup(
     smollm2_gguf: Path,
 ) -> None:
@@ -228,16 +243,7 @@ async def test_bad_words_keep_a_model_from_opening_its_answer_with_the_prompts_m
         ChatMessage("user", "<<<DATA id=2>>>"),
     ]
     try:
-        texts = []
-        for bad in ((), ("<<<DATA", "<<< DATA")):
-            request = GenerationRequest(
-                f"bad-{len(bad)}",
-                "chat",
-                Lane.NORMAL,
-                SamplingSettings(temperature=0.0, max_tokens=8, bad_words=bad),
-                messages=turns,
-            )
-            texts.append((await answer(engine, request)).text)
+        texts = await openings(engine, turns, ("<<<DATA", "<<< DATA"))
     finally:
         await engine.shutdown()
     assert texts[0].lstrip().startswith("<<<DATA")  # the case is real: without them it copies
@@ -262,16 +268,7 @@ async def test_after_calls_the_answer_may_not_open_with_another_call(smollm2_ggu
         ChatMessage("user", "Result of step [2]: deployment shop/api 2/3 ready. No more tool calls: answer."),
     ]
     try:
-        texts = []
-        for bad in ((), DECISION_OPENINGS):
-            request = GenerationRequest(
-                f"calls-{len(bad)}",
-                "chat",
-                Lane.NORMAL,
-                SamplingSettings(temperature=0.0, max_tokens=8, bad_words=bad),
-                messages=turns,
-            )
-            texts.append((await answer(engine, request)).text)
+        texts = await openings(engine, turns, DECISION_OPENINGS)
     finally:
         await engine.shutdown()
     assert texts[0].lstrip().startswith("{"), texts[0]  # the case is real: without them, a call

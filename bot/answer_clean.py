@@ -105,6 +105,9 @@ def clean_partial(text: str, task: str = "") -> str:
 
 _TASK_RUN = 6
 """Words an answer must copy from the start of its last user turn to count as echoing it."""
+_TASK_CHARS = 1000
+"""Characters of the last user turn compared (an answer copying more is cut at the last sentence
+end within them; the turn can hold a whole prompt's data, read on every streamed update)."""
 _PUNCTUATION = re.compile(r"[\s.:,;!?\-`*_>]*")
 
 
@@ -114,7 +117,7 @@ def _task_echo(answer: str, task: str) -> tuple[int, bool]:
     at :data:`_TASK_RUN` words or more, and cut at the last sentence or line end inside it (the
     answer's own first word may happen to be the turn's next one). SmolLM2 opens answers with
     "No more tool calls. Now write the answer ...": the investigation's last turn."""
-    task_words = _words(task)
+    task_words = _words(task[:_TASK_CHARS])
     words = list(_WORD.finditer(answer))
     matched = 0
     cut = (0, 0)  # (words, characters) of the copy up to its last sentence end

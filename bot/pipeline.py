@@ -723,7 +723,10 @@ class Pipeline:
             # The whole answer (a postmortem's draft, not the note about its file) is the turn.
             await self.store.append_message(*thread, "assistant", text, request_id=message.request_id)
             if self.actions is not None and scenario != POSTMORTEM:
-                await self._offer_actions(message, adapter, reply, prepared, text)
+                try:
+                    await self._offer_actions(message, adapter, reply, prepared, text)
+                except Exception:  # a card that cannot be offered costs the card, never the answer
+                    logger.exception("request %s: offering actions failed", message.request_id)
 
     async def _offer_actions(
         self,

@@ -524,7 +524,8 @@ def read_root_cause(text: str, last_step: int, cluster: str) -> dict[str, Any] |
         e
         for e in block.get("root_cause") or []
         if isinstance(e, dict)
-        and all(isinstance(e.get(k), str) and e[k] for k in ("kind", "namespace", "name"))
+        and all(isinstance(e.get(k), str) and e[k] for k in ("kind", "name"))
+        and isinstance(e.get("namespace"), str)  # empty for a node or another cluster-wide kind
     ]
     if not entities:
         return None

@@ -139,5 +139,18 @@ def test_a_cut_root_cause_block_keeps_whole_entities_and_real_step_references() 
     whole = read_root_cause(BLOCK, last_step=2, cluster="eu-west")
     assert whole is not None
     assert [c["steps"] for c in whole["claims"]] == [[1, 2], []]  # step 3 never ran
+    # a cluster-wide entity (a node) has an empty namespace and is kept
+    node = json.dumps(
+        {
+            "conclusive": True,
+            "root_cause": [{"kind": "Node", "namespace": "", "name": "worker-3"}],
+            "claims": [],
+        }
+    )
+    assert read_root_cause(node, last_step=1, cluster="c") == {
+        "conclusive": True,
+        "root_cause": [{"kind": "Node", "namespace": "", "name": "worker-3", "cluster": "c"}],
+        "claims": [],
+    }
     # a block cut before any whole entity names nothing
     assert read_root_cause(BLOCK[: BLOCK.index('"shop"')], last_step=2, cluster="eu-west") is None

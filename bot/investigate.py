@@ -489,7 +489,7 @@ def root_cause_schema(last_step: int) -> dict[str, Any]:
                     "properties": {
                         "kind": {"type": "string", "enum": _KINDS},
                         "namespace": {"type": "string", "maxLength": 63},
-                        "name": {"type": "string", "maxLength": 63},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 63},
                     },
                     "required": ["kind", "namespace", "name"],
                     "additionalProperties": False,

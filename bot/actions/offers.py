@@ -51,19 +51,21 @@ def answer_offers(
 
 
 async def offer(actions: ActionService, thread: ThreadRef, offers: Sequence[Offer]) -> list[str]:
-    """Propose each of ``offers`` (the first ``max_offers`` distinct actions) in ``thread``; the
+    """Propose each of ``offers`` in ``thread`` (each action once) until ``max_offers`` cards are made; the
     notes for the thread: why a proposal of the investigation was not offered (a command read from
     the answer that fails its dry run is only logged: the answer may have named it in passing)."""
     notes: list[str] = []
     seen: set[str] = set()
+    made = 0
     for item in offers:
-        if len(seen) >= actions.settings.max_offers:
+        if made >= actions.settings.max_offers:
             break
         if item.spec.digest() in seen:
             continue
         seen.add(item.spec.digest())
         proposal = await actions.propose(item.spec, item.evidence, thread, proposed_by=item.proposed_by)
         if proposal.refused is None:
+            made += 1
             continue
         logger.info("offer of %s (%s) not made: %s", item.spec.describe(), item.proposed_by, proposal.refused)
         if item.proposed_by == "investigation":

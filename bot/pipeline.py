@@ -497,6 +497,8 @@ class Pipeline:
         except AnswerStalled as exc:
             await self._stalled(message, adapter, reply, record, exc)
         except asyncio.CancelledError:
+            if prepared is not None and prepared.delivered:
+                raise  # the answer is in the thread already: only what follows it was cut short
             # Shutdown stopped this answer: say so in the thread, keep the row, let the cancel go on.
             record.status, record.error = "aborted", "stopped by shutdown"
             if reply is not None:
@@ -704,6 +706,7 @@ class Pipeline:
         post_started = time.perf_counter()
         try:
             await reply.finish(answer)
+            prepared.delivered = True
         except PlatformError as exc:
             metrics.REPLIES_FAILED.labels(message.platform).inc()
             logger.error("reply could not be posted: %s", exc)
@@ -1146,6 +1149,8 @@ class _Prepared:
     steps: StepRelay | None = None
     task: str = ""
     """The prompt's last user turn: an answer that opens by copying it loses the copy."""
+    delivered: bool = False
+    """The final answer is posted: a shutdown after it adds no note to the thread."""
 
 
 class StepRelay:

@@ -29,6 +29,12 @@ and text through ``/v1/completions`` would be templated a second time (Ollama) o
 for them the request's ``messages`` go to ``/v1/chat/completions`` and the server applies its own
 template (``engine.server_prompt`` overrides the choice).
 
+**Tool calls** (the investigation loop): on the chat route the tools go in OpenAI's ``tools``
+parameter and the server's tool-call parser answers (``delta.tool_calls``). Token ids have no chat
+template for a parser to read, so there the decision's JSON schema is the server's structured output
+(``response_format``; llama.cpp's ``json_schema``): the grammar the in-process engines apply, and the
+text that comes back is the decision every engine gives.
+
 **Lanes** are sent as vLLM's ``priority`` field (urgent 0, normal 5, background 10; lower runs
 first). vLLM 0.26 honours it under ``--scheduling-policy priority`` and silently ignores it under
 the default ``fcfs`` (it raises no error), so opsbot sends it to vLLM always; other servers do not
@@ -764,19 +770,25 @@ class OpenAIEngine(Engine):
             body[extras["ignore_eos"]] = True
         if self.send_priority:
             body["priority"] = request.lane.vllm_priority
-        if request.tools:
+        if request.tools and path.endswith("chat/completions"):
             # The server's own tool-call parser: calls come back as delta.tool_calls, not as text.
-            if not path.endswith("chat/completions"):
-                raise EngineGenerateError(
-                    "tool calls need the chat endpoint (engine.server_prompt = messages)"
-                )
             body["tools"] = tool_calls.openai_tools(request.tools)
             body["tool_choice"] = "auto"
+        elif request.tools and s.json_schema is None:
+            raise EngineGenerateError(
+                "tool calls on token ids need the decision's schema (or engine.server_prompt = messages)"
+            )
         elif s.json_schema is not None:
+            # Token ids (vLLM, llama.cpp) have no chat template for a tool parser to read: the
+            # decision's own schema is the server's structured output, the grammar the in-process
+            # engines use, and the text that comes back is the decision every engine gives.
+            schema = json.loads(s.json_schema)
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "opsbot_output", "schema": json.loads(s.json_schema), "strict": True},
+                "json_schema": {"name": "opsbot_output", "schema": schema, "strict": True},
             }
+            if self._kind == "llamacpp":  # llama-server's own field: its /v1/completions ignores the other
+                body["json_schema"] = schema
         return path, body, sent_ids
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -856,7 +868,7 @@ class OpenAIEngine(Engine):
                 self._idle.set()
         if not self._server_ok and self._state == "ready":
             self._set_server(True, "")  # a complete answer is proof enough
-        yield stream.result(rid, sent_ids, t0, tools=bool(request.tools))
+        yield stream.result(rid, sent_ids, t0, tools=bool(request.tools) and "tools" in body)
 
     async def _until_aborted(self, call: _Call, awaitable: Awaitable[_T]) -> _T:
         """``awaitable``'s result, or :class:`RequestAbortedError` as soon as ``call`` is aborted."""

@@ -1,7 +1,9 @@
 """The ``openai`` backend's side of tool calls, against the fake vLLM server: the tools travel in the
 ``tools`` parameter (the server's tool-call parser answers), the streamed ``delta.tool_calls`` come
 back as the same decision text every engine gives, a step without a call is the final answer, and a
-schema without tools is the server's ``response_format``."""
+schema without tools is the server's ``response_format``; on token ids (vLLM's ``/v1/completions``) the
+tools travel as the decision's schema in ``response_format`` and the text that comes back is the
+decision."""
 
 from __future__ import annotations
 
@@ -48,10 +50,12 @@ def server(tiny_model: Path) -> Iterator[FakeOpenAIServer]:
         yield srv
 
 
-async def ask(server: FakeOpenAIServer, request: GenerationRequest) -> GenerationResult:
+async def ask(
+    server: FakeOpenAIServer, request: GenerationRequest, prompt: str = "messages"
+) -> GenerationResult:
     engine = OpenAIEngine(
         EngineConfig(
-            backend="openai", base_url=server.url, model=MODEL, max_model_len=2048, server_prompt="messages"
+            backend="openai", base_url=server.url, model=MODEL, max_model_len=2048, server_prompt=prompt
         )
     )
     await engine.start([MESSAGES[0]])
@@ -101,3 +105,20 @@ async def test_a_schema_without_tools_is_the_servers_response_format(server: Fak
     assert received.body["response_format"]["type"] == "json_schema"
     assert received.body["response_format"]["json_schema"]["schema"] == decision_schema(SPECS)
     assert "tools" not in received.body
+
+
+async def test_on_token_ids_the_tools_are_the_decisions_schema(tiny_model: Path) -> None:
+    # A server with structured outputs writes the decision the schema admits (the fake's model
+    # "generates" it); no chat template, so no tool parser: the schema is the constraint.
+    decision = json.dumps({"name": "kube_logs", "arguments": {"namespace": "shop", "pod": "api-1"}})
+    with FakeOpenAIServer(tiny_model, served_model_name=MODEL, answer=decision) as srv:
+        request = step("ids-1")
+        request.prompt_token_ids = [1, 2, 3, 4]
+        result = await ask(srv, request, prompt="token_ids")
+        (received,) = srv.requests_for("ids-1")
+    assert received.path == "/v1/completions"
+    assert received.body["prompt"] == [1, 2, 3, 4]
+    assert received.body["response_format"]["json_schema"]["schema"] == decision_schema(SPECS)
+    assert "tools" not in received.body and "tool_choice" not in received.body
+    call = parse_decision(result.text, SPECS)
+    assert (call.name, call.arguments) == ("kube_logs", {"namespace": "shop", "pod": "api-1"})

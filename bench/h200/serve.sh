@@ -7,6 +7,7 @@
 #                     together), waits up to 180 s for /health, then warms it; returns 1 with the
 #                     log's tail if it did not come up
 #   serve_stop        SIGTERM to its session, SIGKILL after 20 s
+# SERVE_MAX_LEN sets --max-model-len (default 4096, as the in-process runs of issue 10).
 SERVE_PORT=18931
 SERVE_URL=http://127.0.0.1:$SERVE_PORT
 SERVE_NAME=opsbot-8b
@@ -18,7 +19,7 @@ serve_start() {
   local log=$1 t0
   t0=$(date +%s)
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name $SERVE_NAME \
-    --load-format dummy --dtype bfloat16 --max-model-len 4096 --gpu-memory-utilization 0.85 \
+    --load-format dummy --dtype bfloat16 --max-model-len "${SERVE_MAX_LEN:-4096}" --gpu-memory-utilization 0.85 \
     --max-num-seqs 64 --max-num-batched-tokens 8192 --scheduling-policy priority --enable-prefix-caching \
     --stream-interval 8 \
     --enable-prompt-tokens-details --host 127.0.0.1 --port $SERVE_PORT > "$log" 2>&1 &

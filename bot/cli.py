@@ -375,7 +375,7 @@ def _dispatch(args: argparse.Namespace, err: Console) -> int:
     except ConfigError as exc:
         err.print(f"opsbot: {exc}", markup=False)
         return EXIT_USAGE
-    _setup_logging(settings, debug=args.debug, command=args.command)
+    _setup_logging(settings, debug=args.debug, command=args.command, out_dir=getattr(args, "out", None))
     try:
         event_loop.resolve(settings.event_loop)  # before any coroutine exists to leave un-awaited
     except event_loop.EventLoopUnavailable as exc:
@@ -449,17 +449,27 @@ def chat_log_path(settings: Settings) -> Path:
     return settings.log_file or settings.data_dir / "opsbot-chat.log"
 
 
-def _setup_logging(settings: Settings, *, debug: bool, command: str) -> None:
+def _setup_logging(settings: Settings, *, debug: bool, command: str, out_dir: object = None) -> None:
     from bot.config import deprecation_notes, unknown_env_notes
     from bot.logs import setup_logging
 
+    terminal_level = None
     if debug:
         path = None  # --debug: everything, on stderr, wherever it would have gone
     elif command == "chat":
         path = chat_log_path(settings)  # the terminal holds the conversation
+    elif command == "eval" and isinstance(out_dir, str | Path):
+        # The terminal holds one progress line per case; the log goes beside the report, and
+        # warnings still show.
+        path, terminal_level = settings.log_file or Path(out_dir) / "eval.log", "WARNING"
     else:
         path = settings.log_file
-    setup_logging("DEBUG" if debug else settings.log_level, as_json=settings.log_json, path=path)
+    setup_logging(
+        "DEBUG" if debug else settings.log_level,
+        as_json=settings.log_json,
+        path=path,
+        terminal_level=terminal_level,
+    )
     for note in deprecation_notes() + unknown_env_notes():
         logger.warning("%s", note)
 

@@ -88,25 +88,37 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def setup_logging(
-    level: str = "INFO", *, as_json: bool = False, stream: object = None, path: Path | None = None
+    level: str = "INFO",
+    *,
+    as_json: bool = False,
+    stream: object = None,
+    path: Path | None = None,
+    terminal_level: str | None = None,
 ) -> None:
     """Send all logs to stderr (or ``stream``, or the file at ``path``, appended), redacted; quiet the
-    chattiest libraries."""
-    handler: logging.Handler
+    chattiest libraries. ``terminal_level`` (with ``path``): records from that level up are shown on
+    stderr too (a batch command's warnings stay in sight while its progress lines hold the terminal)."""
+    handlers: list[logging.Handler] = []
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handlers.append(logging.FileHandler(path, encoding="utf-8"))
+        if terminal_level is not None:
+            terminal = StderrHandler()
+            terminal.setLevel(terminal_level)
+            handlers.append(terminal)
     elif stream is not None:
-        handler = logging.StreamHandler(stream)  # type: ignore[call-overload]
+        handlers.append(logging.StreamHandler(stream))  # type: ignore[call-overload]
     else:
-        handler = StderrHandler()
-    handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
-    handler.addFilter(RequestIdFilter())
-    handler.addFilter(RedactingFilter())
+        handlers.append(StderrHandler())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+        old.close()  # a file handler of an earlier setup (a second command in one process)
+    for handler in handlers:
+        handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
+        handler.addFilter(RequestIdFilter())
+        handler.addFilter(RedactingFilter())
+        root.addHandler(handler)
     root.setLevel(level)
     for noisy in ("aiohttp.access", "urllib3", "httpx", "asyncio", "filelock", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -133,7 +133,10 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
             workdir=out_dir,
         )
         results = await runner.run(
-            cases, progress=lambda i, n, r: err.print(case_line(i, n, r), markup=False, soft_wrap=True)
+            cases,
+            progress=lambda i, n, r: err.print(
+                case_line(i, n, r, evidence_only=not engine.answer), markup=False, soft_wrap=True
+            ),
         )
         stats = engine.stats()
     finally:
@@ -162,7 +165,13 @@ async def run_eval(settings: Settings, args: argparse.Namespace, *, out: Console
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (out_dir / "report.md").write_text(render_markdown(report))
     out.print(summary_line(report), markup=False, highlight=False, soft_wrap=True)
-    out.print(f"report: {out_dir / 'report.md'}  {out_dir / 'report.json'}", markup=False, soft_wrap=True)
+    log = out_dir / "eval.log"
+    where = f"  (log: {log})" if log.exists() else ""
+    out.print(
+        f"report: {out_dir / 'report.md'}  {out_dir / 'report.json'}{where}",
+        markup=False,
+        soft_wrap=True,
+    )
     failed = [r.case_id for r in results if r.status == "case_error"]
     if failed:
         err.print(f"{len(failed)} case(s) could not run: {', '.join(failed)}", markup=False, soft_wrap=True)

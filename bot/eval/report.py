@@ -219,6 +219,12 @@ def summary_line(report: Mapping[str, Any]) -> str:
     """``eval: 25 cases on cpu/model: object 3/25, reason 5/25, numbers 2/40 exact, ...``"""
     t, e = report["totals"], report["engine"]
     quant = f" ({e['quantization']})" if e.get("quantization") else ""
+    if e.get("evidence_only"):
+        return (
+            f"eval: {t['cases']} cases, evidence only (prompts built with the "
+            f"{e.get('backend')}/{e.get('model_name') or e.get('model')} tokenizer, no answers): evidence "
+            f"recall {_frac(t['evidence_recall'])}; wall {report['wall_s']} s"
+        )
     ttft = t["ttft_ms"]["p50"]
     e2e = t["e2e_ms"]["p50"]
     return (
@@ -378,9 +384,16 @@ def _evidence_cell(facts: Sequence[Mapping[str, Any]]) -> str:
     return f"{hits}/{len(facts)}"
 
 
-def case_line(index: int, total: int, result: CaseResult) -> str:
-    """The progress line of one finished case."""
+def case_line(index: int, total: int, result: CaseResult, *, evidence_only: bool = False) -> str:
+    """The progress line of one finished case (``evidence_only``: no answer was asked for, so only
+    the decisive facts and the prompt's size say anything)."""
     s = result.score
+    if evidence_only and result.status == "ok":
+        facts = [f.as_dict() for f in result.evidence]
+        lost = [str(f["wanted"]) for f in facts if f["status"] != evidence.IN_PROMPT]
+        missed = f" (missed: {'; '.join(lost)})"[:200] if lost else ""
+        verdict = f"evidence {_evidence_cell(facts)}{missed}"
+        return f"[{index}/{total}] {result.case_id}: {verdict} · prompt {result.prompt_tokens} tokens"
     if s is None:
         verdict = f"{result.status}: {result.error or 'no answer'}"[:160]
     elif s.failure is not None and result.status == "ok":

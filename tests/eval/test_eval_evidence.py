@@ -106,6 +106,14 @@ def test_every_built_in_cases_decisive_facts_reach_a_default_4096_token_prompt(
     assert totals["evidence_recall"] == {"hits": len(load_cases([BUILTIN_CASES])), "of": len(report["cases"])}
     assert report["engine"]["evidence_only"] is True
     assert all(c["answer"] == "" and c["output_tokens"] == 0 for c in report["cases"])
+    # The terminal says what was measured, not "FAILED (empty)" for answers nobody asked for, and
+    # the per-request log lines go beside the report instead of between the progress lines.
+    shown = capsys.readouterr()
+    terminal = shown.out + shown.err
+    assert "FAILED" not in terminal and " INFO " not in terminal
+    assert f"evidence recall {len(report['cases'])}/{len(report['cases'])}" in terminal
+    assert "evidence only" in terminal and "object named" not in terminal
+    assert " INFO " in (out / "eval.log").read_text()
 
 
 def test_every_held_out_cases_decisive_facts_reach_a_default_4096_token_prompt(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fakes.openai_server import FakeOpenAIServer
 
+from bot.analyze.runner import ECHO_RETRIES
 from bot.answer_clean import STOP_SEQUENCES
 from bot.prompts import SCENARIO_TASKS
 from inference.scenarios import ALERT_SUMMARY
@@ -69,7 +70,11 @@ def test_echoed_summaries_are_failed_and_the_report_says_how_many(
     assert "groups summarised, 4 echoed the prompt" in markdown
     assert "<<<" not in markdown and "only repeated its prompt" in markdown
     # Every request carried the fence markers as stop sequences; what was kept has none.
+    # (Each echoed group was asked once more with another seed before it counted as failed.)
     sent = [r for r in echoing_server.log if (r.request_id or "").startswith("batch-")]
-    assert len(sent) == 4 and all(set(STOP_SEQUENCES) <= set(r.body["stop"]) for r in sent)
+    assert len(sent) == 4 * (1 + ECHO_RETRIES) and all(
+        set(STOP_SEQUENCES) <= set(r.body["stop"]) for r in sent
+    )
+    assert sum("-again" in (r.request_id or "") for r in sent) == 4 * ECHO_RETRIES
     kept = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert all("<<<" not in item["text"] and item["failure"] == "echoed the prompt" for item in kept)

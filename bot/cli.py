@@ -458,10 +458,10 @@ def _setup_logging(settings: Settings, *, debug: bool, command: str, out_dir: ob
         path = None  # --debug: everything, on stderr, wherever it would have gone
     elif command == "chat":
         path = chat_log_path(settings)  # the terminal holds the conversation
-    elif command == "eval" and isinstance(out_dir, str | Path):
-        # The terminal holds one progress line per case; the log goes beside the report, and
-        # warnings still show.
-        path, terminal_level = settings.log_file or Path(out_dir) / "eval.log", "WARNING"
+    elif command in ("eval", "analyze") and isinstance(out_dir, str | Path):
+        # The terminal holds the progress (a line per case, a bar); the log goes beside the
+        # report, and warnings still show.
+        path, terminal_level = settings.log_file or Path(out_dir) / f"{command}.log", "WARNING"
     else:
         path = settings.log_file
     setup_logging(

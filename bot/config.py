@@ -928,8 +928,9 @@ class Settings(BaseSettings):
     """Log one JSON object per line (for log shippers) instead of text."""
     log_file: Path | None = None
     """File the log is appended to instead of stderr. Unset: stderr, except in ``opsbot chat``,
-    which writes ``opsbot-chat.log`` in ``data_dir`` so the screen holds only the conversation (``--debug``
-    puts the log, at DEBUG, back on stderr)."""
+    which writes ``opsbot-chat.log`` in ``data_dir`` so the screen holds only the conversation, and in
+    ``opsbot eval`` / ``analyze``, which write ``eval.log`` / ``analyze.log`` beside their report and
+    show only warnings on the terminal (``--debug`` puts the log, at DEBUG, back on stderr)."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     """The event loop every command runs on: ``auto`` is uvloop where it is installed (Linux and
     macOS, with opsbot), else asyncio's; ``uvloop`` insists on it; ``asyncio`` keeps the standard

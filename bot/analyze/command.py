@@ -179,7 +179,9 @@ def _say_outcome(
         highlight=False,
         soft_wrap=True,
     )
-    out.print(f"report: {files.markdown}  {files.json}  {files.png}", highlight=False, soft_wrap=True)
+    log = files.markdown.parent / "analyze.log"
+    where = f"  (log: {log})" if log.exists() else ""
+    out.print(f"report: {files.markdown}  {files.json}  {files.png}{where}", highlight=False, soft_wrap=True)
     if summary.interrupted:
         err.print(
             f"interrupted: {summary.finished + summary.skipped} of {summary.total} items are done and kept; "

@@ -61,6 +61,8 @@ def test_echoed_summaries_are_failed_and_the_report_says_how_many(
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+    # The terminal holds the progress and the warnings; the request log goes beside the report.
+    assert " INFO " not in proc.stderr and " INFO " in (tmp_path / "out" / "analyze.log").read_text()
     assert "0 of" in proc.stdout and "groups summarised, 4 echoed the prompt" in proc.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["totals"]["summarised"] == 0 and report["totals"]["echoed"] == 4

@@ -598,6 +598,11 @@ def _named_xml(match: re.Match[str]) -> str:
     )
 
 
+_LOWER_IDENTIFIER = re.compile(r"[a-z]+(?:[_\-][a-z]+)+")
+"""``pg_shadow``, ``user-accounts``: lower-case words joined by ``_`` or ``-``, no digit: a table or
+object name after a weak link ("from", "to"), not a value."""
+
+
 def _prose(match: re.Match[str]) -> str:
     """A value a sentence calls secret; "-o jsonpath='...'" after "secret" is a flag's value (a
     word glued to "=" between the keyword and the value), not prose."""
@@ -610,8 +615,12 @@ def _prose(match: re.Match[str]) -> str:
         if rest.strip() or match.group("value").endswith(":"):
             return match.group(0)
     value = match.group("value")
-    if match.group("link").lower() in ("to", "from") and not plausible_secret(value.strip("`'\"")):
-        return match.group(0)  # "secrets from `opsbot-secrets`": a name, even quoted, after a weak link
+    if match.group("link").lower() in ("to", "from") and (
+        not plausible_secret(value.strip("`'\"")) or _LOWER_IDENTIFIER.fullmatch(value.rstrip(".,;:)!?"))
+    ):
+        # "secrets from `opsbot-secrets`", "has_password FROM pg_shadow": a name, even quoted, after
+        # a weak link
+        return match.group(0)
     out = _quoted_literal(match)
     second = match.group("value2")
     if second:  # "... from OLD to NEW": the new one as well

@@ -998,6 +998,10 @@ def _loads(data: str) -> dict[str, Any]:
 def _stream_error(error: Any, rid: str) -> EngineGenerateError:
     message = error.get("message", error) if isinstance(error, dict) else error
     code = error.get("code") if isinstance(error, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if not str(message).strip():  # vllm serve sent {"message": "", "code": 500} for a failed request
+        said = ", ".join(str(x) for x in (kind, code) if x) or "no details"
+        message = f"no message ({said}; see the server's log)"
     logger.warning("the model server reported an error mid-answer: %s (%s)", message, code)
     return EngineGenerateError(f"the model server failed while answering: {message}")
 

@@ -790,6 +790,13 @@ async def test_an_error_event_inside_the_stream_is_a_generate_error(
     with pytest.raises(EngineGenerateError, match="failed while answering: Internal server error"):
         await collect(engine.generate(make_request("in-stream", max_tokens=20)))
     assert engine.health().ready
+    # vllm serve sent an empty message for a request its structured outputs could not run (H100,
+    # 2026-12-06): the reason still says what is known and where to look.
+    server.fault("in-stream-2", Fault(stream_error_after_tokens=1, message=""))
+    with pytest.raises(
+        EngineGenerateError, match=r"no message \(InternalServerError, 500; see the server's log\)"
+    ):
+        await collect(engine.generate(make_request("in-stream-2", max_tokens=20)))
 
 
 async def test_a_stalled_stream_fails_after_the_read_timeout_and_the_server_sees_the_disconnect(

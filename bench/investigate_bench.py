@@ -134,7 +134,24 @@ async def run_case(
             await prom.stop()
         if kube is not None:
             await kube.stop()
-    steps = []
+    steps = step_rows(found, answer)
+    return {
+        "case": case.id,
+        "gather_ms": round(gather_ms, 1),
+        "step0_prompt_tokens": plan.prompt_tokens,
+        "calls": len(found.calls),
+        "calls_parsed": found.parsed_calls(),
+        "stop": found.stop,
+        "loop_s": round(loop_s, 3),
+        "answered_s": round(answered_s, 3),
+        "steps": steps,
+    }
+
+
+def step_rows(found: Any, answer: GenerationResult | None) -> list[dict[str, Any]]:
+    """One row per step of ``found`` (an :class:`bot.investigate.Investigation`) and one for the
+    answer: tokens, the cached share of the previous step's prompt, TTFT, decode and tool time."""
+    steps: list[dict[str, Any]] = []
     previous = 0
     for step in found.steps:
         steps.append(
@@ -169,17 +186,7 @@ async def run_case(
             "tool_tokens": 0,
         }
     )
-    return {
-        "case": case.id,
-        "gather_ms": round(gather_ms, 1),
-        "step0_prompt_tokens": plan.prompt_tokens,
-        "calls": len(found.calls),
-        "calls_parsed": found.parsed_calls(),
-        "stop": found.stop,
-        "loop_s": round(loop_s, 3),
-        "answered_s": round(answered_s, 3),
-        "steps": steps,
-    }
+    return steps
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from investigate_bench import step_rows  # noqa: E402
 from run_meta import package_versions, run_meta  # noqa: E402
 
 from bot.config import KubernetesSettings, LaneBudget, PrometheusSettings, Settings  # noqa: E402
@@ -211,36 +212,7 @@ async def investigate(
         elif not isinstance(event, TextDelta):
             raise TypeError(event)
     wall_s = time.perf_counter() - t0
-    assert answer is not None
-    steps, previous = [], 0
-    for s in found.steps:
-        steps.append(
-            {
-                "tool": s.tool,
-                "status": s.status,
-                "prompt_tokens": s.prompt_tokens,
-                "cached_tokens": s.cached_tokens,
-                "output_tokens": s.output_tokens,
-                "cached_of_previous": round(s.cached_tokens / previous, 4) if previous else None,
-                "ttft_ms": s.ttft_ms,
-                "decode_ms": s.decode_ms,
-                "tool_tokens": s.tool_tokens,
-            }
-        )
-        previous = s.prompt_tokens
-    steps.append(
-        {
-            "tool": None,
-            "status": "answer",
-            "prompt_tokens": answer.prompt_tokens,
-            "cached_tokens": answer.cached_tokens,
-            "output_tokens": answer.output_tokens,
-            "cached_of_previous": round(answer.cached_tokens / previous, 4) if previous else None,
-            "ttft_ms": answer.ttft_ms,
-            "decode_ms": None if answer.ttft_ms is None else answer.e2e_ms - answer.ttft_ms,
-            "tool_tokens": 0,
-        }
-    )
+    steps = step_rows(found, answer)
     return {
         "case": item.case_id,
         "calls": len(found.calls),

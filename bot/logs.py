@@ -87,6 +87,18 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class _FileHandler(logging.FileHandler):
+    """Appends to a file that is made, folder and all, only when the first record comes: a command
+    that fails before it logs (``opsbot analyze`` on a missing input) leaves no empty folder."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8", delay=True)
+
+    def _open(self) -> Any:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
 def setup_logging(
     level: str = "INFO",
     *,
@@ -100,8 +112,7 @@ def setup_logging(
     stderr too (a batch command's warnings stay in sight while its progress lines hold the terminal)."""
     handlers: list[logging.Handler] = []
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(path, encoding="utf-8"))
+        handlers.append(_FileHandler(path))
         if terminal_level is not None:
             terminal = StderrHandler()
             terminal.setLevel(terminal_level)

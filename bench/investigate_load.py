@@ -238,8 +238,12 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     fractions = [
         s["cached_of_previous"] for r in results for s in r["steps"] if s["cached_of_previous"] is not None
     ]
+    stops: dict[str, int] = {}
+    for r in results:
+        stops[r["stop"]] = stops.get(r["stop"], 0) + 1
     return {
         "investigations": len(results),
+        "stops": stops,
         "full": sum(r["calls"] == r.get("wanted", r["calls"]) for r in results),
         "calls": sum(r["calls"] for r in results),
         "calls_parsed": sum(r["calls_parsed"] for r in results),
@@ -270,16 +274,19 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['output_tokens']}-token tool outputs, {report['answer_tokens']}-token answer; "
         f"warm-up: {report['warmup']}",
         "",
-        "| round | investigations | calls parsed | wall P50 / P99 / max s | step TTFT P50 / P99 ms | "
-        "cached steps TTFT P99 ms | cached >= 90 % of previous | decision tokens P50 |",
+        "| round | investigations (how they stopped) | calls parsed | wall P50 / P99 / max s | "
+        "step TTFT P50 / P99 ms | cached steps TTFT P99 ms | cached >= 90 % of previous | "
+        "decision tokens P50 |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, s in [
         *((str(i + 1), r) for i, r in enumerate(report["rounds_summary"])),
         ("pooled", report["pooled"]),
     ]:
+        stopped = ", ".join(f"{k} {v}" for k, v in sorted(s["stops"].items()))
         lines.append(
-            f"| {name} | {s['investigations']} | {s['calls_parsed']}/{s['calls']} | "
+            f"| {name} | {s['investigations']} ({stopped}) | "
+            f"{s['calls_parsed']}/{s['calls']} | "
             f"{s['wall_s_p50']} / {s['wall_s_p99']} / {s['wall_s_max']} | {s['step_ttft_ms_p50']} / "
             f"{s['step_ttft_ms_p99']} | {s['cached_step_ttft_ms_p99']} | {s['cached_at_or_over_90']}/"
             f"{s['cached_compared']} (min {s['cached_min']}) | {s['decision_tokens_p50']} |"

@@ -215,8 +215,25 @@ def engine_args_kwargs(config: EngineConfig, quantization: str | None = None) ->
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     if config.compilation_level is not None:
         kwargs["compilation_config"] = {"mode": config.compilation_level}
+    outputs = structured_outputs_config()
+    if outputs is not None:
+        kwargs["structured_outputs_config"] = outputs
     kwargs.update(config.extra_engine_args)
     return kwargs
+
+
+def structured_outputs_config() -> Any:
+    """vLLM's ``StructuredOutputsConfig`` for opsbot's constrained outputs (tool calls, root-cause
+    blocks): xgrammar with no whitespace between JSON tokens. vLLM's default lets JSON have any
+    whitespace, and on the H100 (2026-12-06, dummy 8B) every decision and block was spaces until its
+    token budget cut it: the schema's token ceiling (``inference.structured``) holds only when each
+    token writes a character of the JSON. vLLM 0.26 reads this per engine, not per request, and only
+    for an explicit backend. ``None`` where vLLM is not installed (nothing uses the arguments then)."""
+    try:
+        from vllm.config import StructuredOutputsConfig
+    except ImportError:
+        return None
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
 
 
 def sampling_params(

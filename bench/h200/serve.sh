@@ -21,7 +21,7 @@ serve_start() {
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name $SERVE_NAME \
     --load-format dummy --dtype bfloat16 --max-model-len "${SERVE_MAX_LEN:-4096}" --gpu-memory-utilization 0.85 \
     --max-num-seqs 64 --max-num-batched-tokens 8192 --scheduling-policy priority --enable-prefix-caching \
-    --stream-interval 8 \
+    --stream-interval 8 --structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}' \
     --enable-prompt-tokens-details --host 127.0.0.1 --port $SERVE_PORT > "$log" 2>&1 &
   SERVE_PID=$!
   for _ in $(seq 1 180); do

@@ -2,8 +2,10 @@
 
 One investigation, for a scenario and lane whose budget allows it (``[investigate]``)::
 
-    step 0   the pipeline's prompt: system prompt, fenced context, question (as without the loop)
-             + the tool catalogue and the budget, appended to that user turn
+    step 0   the pipeline's prompt: system prompt, fenced context, question (as without the loop),
+             with the tool catalogue and the budget appended to the system prompt (where chat
+             templates put OpenAI ``tools``): one prefix for every investigation with the same
+             tools and lane, so the prefix cache holds it and step 1 prefills only the context
     step n   one decision under the tools' schema (constrained decoding: llama.cpp grammar, vLLM
              structured outputs, the server's ``tools``): a call, or ``final_answer``
              -> the call runs through the tool box (offered? repeated? in scope? timeout, redaction,
@@ -304,9 +306,11 @@ class _Loop:
             logger.warning("request %s: step update not shown", self.request_id, exc_info=True)
 
     async def run(self, messages: list[ChatMessage], cluster: str) -> Investigation:
-        messages[-1] = ChatMessage(
-            messages[-1].role, messages[-1].content + "\n\n" + catalogue(self.specs, self.budget)
-        )
+        tools = catalogue(self.specs, self.budget)
+        if messages and messages[0].role == "system":
+            messages[0] = ChatMessage("system", messages[0].content + "\n\n" + tools)
+        else:
+            messages.insert(0, ChatMessage("system", tools))
         found = Investigation(
             messages, [], tools=tuple(s.name for s in self.box.specs), scope_cluster=cluster
         )
@@ -460,12 +464,12 @@ def describe_call(call: ToolCall) -> str:
 
 
 def catalogue(specs: Sequence[ToolSpec], budget: LaneBudget) -> str:
-    """The tools and the rules of the loop, appended to step 0's user turn (static per request, so
-    it sits before every step's new turns)."""
+    """The tools and the rules of the loop, appended to the system prompt (the same text for every
+    investigation with these tools and this budget: a prefix the engines' caches keep)."""
     lines = [
         f"Before answering you may call up to {budget.max_steps} read-only tools to check the cluster. "
         'Reply with exactly one JSON call {"name": <tool>, "arguments": {...}}; the result comes back as '
-        f'a numbered step. Call "{FINAL_ANSWER}" when the data above is enough. Tools:'
+        f'a numbered step. Call "{FINAL_ANSWER}" when the data you have is enough. Tools:'
     ]
     for spec in specs:
         args = ", ".join(spec.parameters.get("properties") or {})

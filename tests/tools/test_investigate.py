@@ -73,6 +73,10 @@ async def test_every_step_is_a_well_formed_call_and_its_prompt_extends_the_last(
     # Append-only: each step's cached prompt tokens cover at least 90 % of the previous prompt.
     for before, after in zip(found.calls, found.calls[1:], strict=False):
         assert after.cached_tokens >= 0.9 * before.prompt_tokens, (before, after)
+    # The tool catalogue closes the system prompt (one prefix for every investigation with these
+    # tools: the cache keeps it); step 0's user turn is the pipeline's, as without the loop.
+    assert found.messages[0].role == "system" and "read-only tools" in found.messages[0].content
+    assert found.messages[1:2] == plan.messages[1:2]
     # The last turn asks for the answer without tools; the steps were shown pending, then ended.
     assert found.messages[-1].content == ANSWER_TURN
     ran = [s for s in found.calls if s.status not in ("final",)]

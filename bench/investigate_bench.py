@@ -112,21 +112,7 @@ async def run_case(
         )
         loop_s = time.perf_counter() - t1
         assert found is not None
-        answer: GenerationResult | None = None
-        async for event in engine.generate(
-            GenerationRequest(
-                f"bench-{case.id}-answer",
-                "root_cause",
-                Lane.NORMAL,
-                sampling,
-                messages=found.messages,
-                prompt_token_ids=found.token_ids,
-            )
-        ):
-            if isinstance(event, GenerationResult):
-                answer = event
-            elif not isinstance(event, TextDelta):
-                raise TypeError(event)
+        answer = await final_answer(engine, found, sampling, f"bench-{case.id}-answer")
         answered_s = time.perf_counter() - t1
     finally:
         await gatherer.close()
@@ -146,6 +132,29 @@ async def run_case(
         "answered_s": round(answered_s, 3),
         "steps": steps,
     }
+
+
+async def final_answer(
+    engine: Any, found: Any, sampling: SamplingSettings, request_id: str
+) -> GenerationResult:
+    """The answer after the loop ``found`` (its transcript as the pipeline sends it), streamed whole."""
+    answer: GenerationResult | None = None
+    async for event in engine.generate(
+        GenerationRequest(
+            request_id,
+            "root_cause",
+            Lane.NORMAL,
+            sampling,
+            messages=found.messages,
+            prompt_token_ids=found.token_ids,
+        )
+    ):
+        if isinstance(event, GenerationResult):
+            answer = event
+        elif not isinstance(event, TextDelta):
+            raise TypeError(event)
+    assert answer is not None, f"{request_id}: no result"
+    return answer
 
 
 def step_rows(found: Any, answer: GenerationResult | None) -> list[dict[str, Any]]:

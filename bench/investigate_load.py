@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from investigate_bench import step_rows  # noqa: E402
+from investigate_bench import final_answer, step_rows  # noqa: E402
 from run_meta import package_versions, run_meta  # noqa: E402
 
 from bot.config import KubernetesSettings, LaneBudget, PrometheusSettings, Settings  # noqa: E402
@@ -60,11 +60,8 @@ from bot.tools.registry import ToolRegistry, ToolResult  # noqa: E402
 from inference.engine import (  # noqa: E402
     ChatMessage,
     Engine,
-    GenerationRequest,
-    GenerationResult,
     Lane,
     SamplingSettings,
-    TextDelta,
     ToolSpec,
 )
 from inference.structured import token_ceiling  # noqa: E402
@@ -196,21 +193,7 @@ async def investigate(
         settings.investigate, budget, box, engine, engine.tokenizer, rid, Lane.NORMAL, sampling, window, None
     )
     found = await loop.run(list(item.messages), "eval")
-    answer: GenerationResult | None = None
-    async for event in engine.generate(
-        GenerationRequest(
-            f"{rid}-answer",
-            "root_cause",
-            Lane.NORMAL,
-            sampling,
-            messages=found.messages,
-            prompt_token_ids=found.token_ids,
-        )
-    ):
-        if isinstance(event, GenerationResult):
-            answer = event
-        elif not isinstance(event, TextDelta):
-            raise TypeError(event)
+    answer = await final_answer(engine, found, sampling, f"{rid}-answer")
     wall_s = time.perf_counter() - t0
     steps = step_rows(found, answer)
     return {

@@ -134,6 +134,14 @@ async def run_case(
     }
 
 
+def write_results(out: Path, report: dict[str, Any], text: str) -> None:
+    """``out``.json (the whole report) and ``out``.md (``text``), and where they are."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(text)
+    say(f"results: {out.with_suffix('.md')} {out.with_suffix('.json')}")
+
+
 async def final_answer(
     engine: Any, found: Any, sampling: SamplingSettings, request_id: str
 ) -> GenerationResult:
@@ -312,10 +320,7 @@ async def main() -> None:
         },
         "cases": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    say(f"results: {args.out.with_suffix('.md')} {args.out.with_suffix('.json')}")
+    write_results(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from investigate_bench import final_answer, step_rows  # noqa: E402
+from investigate_bench import final_answer, step_rows, write_results  # noqa: E402
 from run_meta import package_versions, run_meta  # noqa: E402
 
 from bot.config import KubernetesSettings, LaneBudget, PrometheusSettings, Settings  # noqa: E402
@@ -363,10 +363,7 @@ async def main() -> None:
         "pooled": summary([r for rs in rounds for r in rs]),
         "investigations": rounds,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
-    say(f"results: {args.out.with_suffix('.md')} {args.out.with_suffix('.json')}")
+    write_results(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":

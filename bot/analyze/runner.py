@@ -69,8 +69,9 @@ up to 5 more times, backing off from about 1 s, under the one retry policy (:mod
 ECHO_RETRIES = 1
 """Times an item whose text only copies its prompt back (or is empty once cleaned) is asked again,
 with another seed, before it counts as failed (the engine path; vLLM's offline batch keeps its one
-draw). A small model's copying is a draw of its sampler: SmolLM2 copied the largest groups' records
-in 1 to 4 of 13 runs' summaries, and another draw usually writes one."""
+draw). Cheap, and it helps where the copy was the sampler's draw: with SmolLM2 the second draw
+wrote a summary for 3 of 16 echoed items (``bench/results/answer-hygiene-2026-12-06-analyze-retry.md``);
+the rest copied again, because the prompt, not the draw, makes that model copy."""
 
 
 class Executor(abc.ABC):

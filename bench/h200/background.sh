@@ -9,7 +9,7 @@
 #                                                 else copies the finished out/*.tar and exits 75
 #                                                 (call wait again, within 30 s)
 # Example (the whole GPU suite as one pytest run):
-#   bash bench/h200/stage.sh 02 && bash bench/h200/background.sh start gpu bash bench/h200/gpu_tests.sh \
+#   bash bench/h200/stage.sh unpack && bash bench/h200/background.sh start gpu bash bench/h200/gpu_tests.sh \
 #     && bash bench/h200/background.sh wait gpu 560
 #   bash bench/h200/background.sh wait gpu 580
 set -uo pipefail

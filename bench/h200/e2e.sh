@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 on the H200 (after stage.sh 02): the whole bot end to end, one engine after another on
+# Issue 10 on the H200 (after stage.sh unpack): the whole bot end to end, one engine after another on
 # the one GPU, 8B-class dummy model (.pytest_cache/opsbot-models/8b-v2), fake Slack (Socket Mode),
 # budgets off, bursts of 8 / 32 / 64 over 16 channels (1 in 4 a /rca) and the incident pattern
 # (56 long follow-ups streaming, then 8 urgent /rca):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engine benchmarks on the H200 (after stage.sh 02). Each step writes JSON + Markdown into $OUT.
+# Engine benchmarks on the H200 (after stage.sh unpack). Each step writes JSON + Markdown into $OUT.
 # usage: bench/h200/engine.sh episodes|pressure|split|matrix [extra engine_bench.py args]
 #   episodes  issue 10: opsbot vs raw vLLM, each on its own fresh engine, system vs incident
 #             warm-up, every urgent-under-load episode kept; single + bursts too      (~6 min)

@@ -1,6 +1,6 @@
-# Source me on the H200 after stage.sh 02: vLLM bundle first, the bot's wheels after it, then the repo.
+# Source me on the H200 after stage.sh unpack: vLLM bundle first, the bot's wheels after it, then the repo.
 if [ ! -d /tmp/site/vllm ]; then
-  echo "no vLLM bundle in /tmp/site: run bench/h200/stage.sh 00, 01, 02 first (the machine was wiped?)" >&2
+  echo "no vLLM bundle in /tmp/site: run bench/h200/stage.sh 00, 01, 02, unpack first (the machine was wiped?)" >&2
   return 3 2>/dev/null || exit 3
 fi
 export PYTHONPATH=/tmp/site:/tmp/site2:$PWD

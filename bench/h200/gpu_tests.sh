@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU tests on the H200 (after stage.sh 02). Writes $OUT/gpu_tests.txt; exits with pytest's status.
+# GPU tests on the H200 (after stage.sh unpack). Writes $OUT/gpu_tests.txt; exits with pytest's status.
 # usage: bench/h200/gpu_tests.sh [pytest args, default: tests/gpu]
 set -uo pipefail
 source bench/h200/env.sh || exit $?

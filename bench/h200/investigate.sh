@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 38 on the H200 (after stage.sh 02; run it through background.sh): the investigation loop on
+# Issue 38 on the H200 (after stage.sh unpack; run it through background.sh): the investigation loop on
 # the dummy 8B (bf16), constrained decoding on both sides, one engine after another on the one GPU:
 #   1. in-process vLLM: 16 investigations at once x 3 rounds, 6 constrained calls each, 300-token
 #      tool outputs (bench/investigate_load.py)                       -> $OUT/investigate-vllm.*

@@ -4,7 +4,7 @@
 # The GGUF (94 MiB) does not fit one run's carry (64 MiB): split it here first with
 #   python bench/quality_bench.py split [--gguf FILE]     (writes .gguf/: 2 chunks + manifest)
 #   pip download --no-deps gguf==0.19.0 -d .gguf          (transformers' GGUF reader, not in the bundle)
-# then, on one warm machine (after stage.sh 00-02), three runs back to back:
+# then, on one warm machine (after stage.sh 00, 01, 02, unpack), three runs back to back:
 #   bench/h200/quality.sh 00    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.00, .gguf/manifest.json
 #                               and .gguf/gguf-0.19.0-py3-none-any.whl
 #   bench/h200/quality.sh 01    carry .gguf/SmolLM2-135M-Instruct.Q4_1.gguf.01 and .gguf/manifest.json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 on the H200 (after stage.sh 02): one process against an engine host with N bot workers
+# Issue 10 on the H200 (after stage.sh unpack): one process against an engine host with N bot workers
 # (`workers = N`), the same bench, model, engine arguments and patterns as e2e.sh, and raw AsyncLLM
 # fed the very prompt ids of the one-process run. Patterns: a warm-up burst of 8, two bursts of 64
 # over 16 channels and two incident episodes (56 long follow-ups, then 8 urgent /rca), every

@@ -1,4 +1,4 @@
-# opsbot on CPU: the llama.cpp engine and the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) in
+# opsbot on CPU: the llama.cpp engine and the default model (SmolLM2-135M-Instruct, Q8_0 GGUF) in
 # the image, so a pod starts without reaching a model hub or a package index. No GPU, no driver.
 #
 #   docker build -t opsbot:cpu .                      (podman / buildah take the same file)
@@ -51,7 +51,7 @@ USER 10001
 ENV PATH=/opt/opsbot/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     OPSBOT_ENGINE__BACKEND=llamacpp \
-    OPSBOT_ENGINE__MODEL=/opt/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+    OPSBOT_ENGINE__MODEL=/opt/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q8_0.gguf \
     OPSBOT_STORE__URL=sqlite+aiosqlite:////data/opsbot.db \
     OPSBOT_DATA_DIR=/data \
     OPSBOT_HTTP__HOST=0.0.0.0 \

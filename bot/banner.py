@@ -50,7 +50,7 @@ def model_size_b(model: str) -> float | None:
 
 
 def model_line(model: str, backend: str, *, random_weights: bool = False) -> str:
-    """``model: SmolLM2-135M-Instruct.Q4_1.gguf on llamacpp — a 135M-parameter toy ...``."""
+    """``model: SmolLM2-135M-Instruct.Q8_0.gguf on llamacpp — a 135M-parameter toy ...``."""
     name = Path(model).name if Path(model).exists() else model
     line = f"model: {name} on {backend}"
     if random_weights:

@@ -127,8 +127,9 @@ def model_to_load(settings: Settings) -> str:
         return f"{engine.served_model_name or 'the server’s model'} on {engine.base_url} (backend openai)"
     gguf = default_gguf_path(settings.data_dir)
     fetched = "kept" if gguf.is_file() else "fetched from the package index on first start"
+    quantization = gguf.name.split(".")[-2]  # SmolLM2-135M-Instruct.Q8_0.gguf -> Q8_0
     return (
-        f"SmolLM2-135M-Instruct, a 135M-parameter toy (Q4_1 GGUF at {gguf}, {fetched}; on vLLM, or "
+        f"SmolLM2-135M-Instruct, a 135M-parameter toy ({quantization} GGUF at {gguf}, {fetched}; on vLLM, or "
         f"when it cannot be had, the random-weights test model in {default_model_dir(settings)}). "
         "Set engine.model for real answers"
     )

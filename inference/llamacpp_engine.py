@@ -313,11 +313,18 @@ class _GreedyGrammar:
         out[kept["id"]] = kept["logit"]
         return out
 
-    def close(self) -> None:
-        """Free the grammar sampler (llama.cpp memory, not Python's)."""
+    def close(self, request_id: str) -> None:
+        """Free the grammar sampler (llama.cpp memory, not Python's) and log how often the whole
+        vocabulary was checked for ``request_id``."""
         if self._sampler:
             self._low.llama_sampler_free(self._sampler)
             self._sampler = None
+            logger.debug(
+                "llama.cpp request %s: %d of %d constrained tokens needed the whole vocabulary checked",
+                request_id,
+                self.full_checks,
+                self.tokens,
+            )
 
 
 class LlamaCppEngine(CpuEngine):
@@ -519,6 +526,21 @@ class LlamaCppEngine(CpuEngine):
             self._bans[bad_words] = found
         return found
 
+    def _constraints(
+        self, llama_cpp: Any, llama: Any, req: _Request, detok: _IncrementalDetokenizer, prompt_len: int
+    ) -> tuple[Any, list[Callable[[Any, Any], Any]], _GreedyGrammar | None]:
+        """What constrains one request's tokens: the grammar for llama-cpp-python's sampler chain (None
+        where :class:`_GreedyGrammar` takes its place: greedy, no repetition penalty), the logits
+        processors (the bad-words ban, then the greedy grammar) and that greedy grammar, if any."""
+        sampling = req.request.sampling
+        grammar = self._grammar(llama_cpp, sampling.json_schema)
+        processors = self._no_bad_opening(sampling.bad_words, detok) or []
+        greedy = grammar is not None and sampling.temperature < 1e-5 and sampling.repetition_penalty == 1.0
+        if not greedy:
+            return grammar, processors, None
+        greedy_grammar = _GreedyGrammar(llama_cpp, llama, grammar, prompt_len)
+        return None, [*processors, greedy_grammar], greedy_grammar
+
     def _grammar(self, llama_cpp: Any, json_schema: str | None) -> Any:
         """The llama.cpp grammar of ``json_schema`` (``None``: free text). Converting a schema to GBNF
         is Python work of a few ms: each schema is converted once (an investigation's steps share
@@ -609,13 +631,7 @@ class LlamaCppEngine(CpuEngine):
         # min-p are off so the llama.cpp sampler chain means what the other engines' settings mean.
         # llama.cpp penalises repeats over its last 64 tokens (last_n_tokens_size), not the whole text.
         temp = 0.0 if sampling.temperature < 1e-5 else sampling.temperature
-        grammar = self._grammar(llama_cpp, sampling.json_schema)
-        processors = self._no_bad_opening(sampling.bad_words, detok) or []
-        greedy_grammar = None
-        if grammar is not None and temp == 0.0 and sampling.repetition_penalty == 1.0:
-            greedy_grammar = _GreedyGrammar(llama_cpp, llama, grammar, len(prompt))
-            processors.append(greedy_grammar)
-            grammar = None
+        grammar, processors, greedy_grammar = self._constraints(llama_cpp, llama, req, detok, len(prompt))
         tokens = llama.generate(
             prompt,
             top_k=0,
@@ -667,13 +683,7 @@ class LlamaCppEngine(CpuEngine):
         finally:
             tokens.close()
             if greedy_grammar is not None:
-                greedy_grammar.close()
-                logger.debug(
-                    "llama.cpp request %s: %d of %d constrained tokens needed the whole vocabulary checked",
-                    req.request_id,
-                    greedy_grammar.full_checks,
-                    greedy_grammar.tokens,
-                )
+                greedy_grammar.close(req.request_id)
         tail = detok.flush()
         if tail and not req.post(TextDelta(tail)):
             return None

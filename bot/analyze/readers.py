@@ -22,7 +22,7 @@ import gzip
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -335,17 +335,23 @@ def _collect_container(
         _collect(element, name, lines.at(offset), records, bad)
 
 
-def _read_jsonl(data: bytes, name: str) -> ReadResult:
-    records: list[Record] = []
-    bad: list[BadLine] = []
+def _text_lines(data: bytes, name: str, bad: list[BadLine]) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of ``data`` with their numbers (a BOM and CR line ends dropped); a line
+    that is not UTF-8 is reported in ``bad`` and skipped, the rest of the file still read."""
     for number, raw in enumerate(data.split(b"\n"), start=1):
+        raw = raw.rstrip(b"\r")
         if not raw.strip():
             continue
         try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError:
             bad.append(BadLine(name, number, "not UTF-8 text"))
-            continue
+
+
+def _read_jsonl(data: bytes, name: str) -> ReadResult:
+    records: list[Record] = []
+    bad: list[BadLine] = []
+    for number, line in _text_lines(data, name, bad):
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -585,15 +591,7 @@ def _read_logs(data: bytes, name: str, year: int) -> ReadResult:
     bad: list[BadLine] = []
     without_time = 0
     source_name = log_source(name)
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        raw = raw.rstrip(b"\r")
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError:
-            bad.append(BadLine(name, number, "not UTF-8 text"))
-            continue
+    for number, line in _text_lines(data, name, bad):
         if records and _CONTINUATION.match(line) and not _ISO_PREFIX.match(line.lstrip()):
             previous = records[-1]
             if len(previous.text) < _MAX_TEXT:

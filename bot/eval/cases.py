@@ -267,12 +267,18 @@ def _check_id(data: Mapping[str, Any], where: str) -> str:
     return case_id
 
 
-def parse_case(data: Any, source: str) -> EvalCase:
-    """One YAML case (see the module doc)."""
-    data = _mapping(data, source, "a case")
+def _case_head(data: Any, source: str, what: str, keys: set[str]) -> tuple[dict[str, Any], str, str]:
+    """A case's mapping, its checked id and ``file: case id`` for messages; unknown keys refused."""
+    data = _mapping(data, source, f"a {what}")
     case_id = _check_id(data, source)
     where = f"{source}: case {case_id}"
-    _unknown(data, _CASE_KEYS, where, "case")
+    _unknown(data, keys, where, what)
+    return data, case_id, where
+
+
+def parse_case(data: Any, source: str) -> EvalCase:
+    """One YAML case (see the module doc)."""
+    data, case_id, where = _case_head(data, source, "case", _CASE_KEYS)
     question, alert = data.get("question"), data.get("alert")
     if (question is None) == (alert is None):
         raise CaseError(f"{where}: give exactly one of question or alert")
@@ -303,10 +309,7 @@ def parse_case(data: Any, source: str) -> EvalCase:
 
 def parse_replay(data: Any, source: str) -> EvalCase:
     """One line of ``opsbot feedback export``: a stored request replayed with its stored context."""
-    data = _mapping(data, source, "a replayed request")
-    case_id = _check_id(data, source)
-    where = f"{source}: case {case_id}"
-    _unknown(data, _REPLAY_KEYS, where, "replayed request")
+    data, case_id, where = _case_head(data, source, "replayed request", _REPLAY_KEYS)
     context = _mapping(data.get("context"), where, "context")
     sections = context.get("sections") or []
     for section in sections:

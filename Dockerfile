@@ -33,9 +33,11 @@ RUN pip install '.[llamacpp]' && pip uninstall -y opsbot
 COPY bot ./bot
 COPY inference ./inference
 COPY migrations ./migrations
+# The model is fetched and converted to Q8_0 here; the build fails if the conversion did not happen
+# (OPSBOT_ENGINE__MODEL below names the Q8_0 file).
 RUN pip install --no-deps . \
- && python -c "from pathlib import Path; from bot.default_model import ensure_default_gguf; \
-print(ensure_default_gguf(Path('/opt/opsbot-data')))"
+ && python -c "from pathlib import Path; from bot.default_model import GGUF_NAME, ensure_default_gguf; \
+path = ensure_default_gguf(Path('/opt/opsbot-data')); print(path); assert path.name == GGUF_NAME, path"
 
 # -- runtime: the venv, the model, no compiler ----------------------------------------------------
 FROM ${BASE_IMAGE}

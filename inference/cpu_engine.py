@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inference.bad_words import BadWordSequences
 from inference.config import EngineConfig
 from inference.context import run_in_request
 from inference.engine import (
@@ -568,11 +569,17 @@ class CpuEngine(Engine):
         finish_reason = "length"
         cache_kw, extra = self._cache_kwarg, self._forward_extra
         penalise = sampling.repetition_penalty != 1.0
+        bad = BadWordSequences(sampling.bad_words, lambda text: tok.hf.encode(text, add_special_tokens=False))
         with torch.inference_mode():
             seen = torch.tensor(prompt, dtype=torch.long)
             out = model(input_ids=seen.unsqueeze(0), use_cache=True, **extra)
             while len(output) < budget:
-                token = _sample(out.logits[0, -1], seen, sampling, generator)
+                logits = out.logits[0, -1]
+                banned = bad.banned(output) if bad else None
+                if banned:
+                    logits = logits.clone()
+                    logits[banned] = -float("inf")
+                token = _sample(logits, seen, sampling, generator)
                 last = time.perf_counter()
                 if first is None:
                     first = last

@@ -64,9 +64,11 @@ class SamplingSettings:
     """JSON text of a JSON Schema the output must match (constrained decoding: a llama.cpp grammar,
     vLLM structured outputs, a server's ``response_format``); ``None``: free text."""
     bad_words: tuple[str, ...] = ()
-    """Strings the answer must not write: vLLM never generates them (``bad_words``); llama.cpp
-    forbids the tokens that would open the answer with one (a model echoing its prompt's markup
-    starts that way; later the ``stop`` list ends it). Remote servers get ``stop`` only."""
+    """Strings the answer must not write, as vLLM's ``bad_words`` means them (no word is ever
+    completed; :mod:`inference.bad_words` does the same in the llama.cpp and CPU engines). A bad word
+    that is also in ``stop`` may not even begin the answer on llama.cpp (a model echoing its prompt's
+    markup starts that way, and the stop would leave the answer empty). A remote ``vllm serve``
+    gets them as its ``bad_words`` parameter; other servers' APIs have none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.bad_words import BadWordSequences
 from inference.config import EngineConfig
 from inference.cpu_engine import CpuEngine, _IncrementalDetokenizer, _Request, _sentence
 from inference.engine import (
@@ -42,6 +43,7 @@ from inference.engine import (
     EngineStartupError,
     EngineStats,
     GenerationResult,
+    SamplingSettings,
     TextDelta,
 )
 from inference.gguf import find_gguf
@@ -224,7 +226,11 @@ class LlamaCppChatTokenizer(ChatTokenizer):
         return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token))
 
     def count(self, text: str) -> int:
-        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return len(self.encode(text))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text (no BOS, special-token markup not parsed)."""
+        return [int(t) for t in self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)]
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         conversation: Any = [{"role": m.role, "content": m.content} for m in messages]
@@ -385,6 +391,8 @@ class LlamaCppEngine(CpuEngine):
         self._cached_tokens_total = 0
         self._bans: dict[tuple[str, ...], list[int]] = {}
         """Bad words -> the token ids that would open an answer with one (:meth:`_opening_bans`)."""
+        self._pieces: list[str] | None = None
+        """Every token's text without leading spaces, by id (:meth:`_opening_bans` scans them)."""
         self._grammars: dict[str, Any] = {}
         """Output schema (JSON text) -> its ``LlamaGrammar`` (see :meth:`_grammar`)."""
 
@@ -523,18 +531,25 @@ class LlamaCppEngine(CpuEngine):
         slot.llama._ctx.set_n_threads(threads, threads)
         return slot
 
-    def _no_bad_opening(
-        self, bad_words: tuple[str, ...], detok: _IncrementalDetokenizer
+    def _no_bad_words(
+        self, sampling: SamplingSettings, detok: _IncrementalDetokenizer, prompt_len: int
     ) -> list[Callable[[Any, Any], Any]] | None:
-        """A logits processor that, while the answer is still blank, forbids every token that would
-        begin one of ``bad_words`` (``None`` without any). A small model that opens by copying its
-        prompt's fence markup then has to start with words of its own."""
-        if not bad_words:
+        """A logits processor for ``sampling.bad_words`` (``None`` without any): no bad word is ever
+        completed, as vLLM means them (:class:`~inference.bad_words.BadWordSequences`), and while the
+        answer is still blank no token may begin one (a small model that opens by copying its
+        prompt's fence markup, or a tool call after an investigation, has to start with words of
+        its own; a stop string would otherwise end such an answer at once, empty)."""
+        if not sampling.bad_words:
             return None
-        banned = self._opening_bans(bad_words)
+        assert self._llama_tokenizer is not None
+        sequences = BadWordSequences(sampling.bad_words, self._llama_tokenizer.encode)
+        opening = self._opening_bans(sampling.bad_words)
 
-        def forbid(_input_ids: Any, scores: Any) -> Any:
-            if banned and not detok.seen().strip():  # only until the first visible character
+        def forbid(input_ids: Any, scores: Any) -> Any:
+            if opening and not detok.seen().strip():  # only until the first visible character
+                scores[opening] = -float("inf")
+            banned = sequences.banned(input_ids[prompt_len:])
+            if banned:
                 scores[banned] = -float("inf")
             return scores
 
@@ -542,19 +557,27 @@ class LlamaCppEngine(CpuEngine):
 
     def _opening_bans(self, bad_words: tuple[str, ...]) -> list[int]:
         """Token ids whose text (leading spaces aside) is a beginning of a bad word (``<``, ``<<``,
-        ``{``, ``{"``), or holds a whole bad word; computed once per set of words."""
+        ``{``, ``{"``), or holds a whole bad word; computed once per set of words (the last
+        :data:`_MAX_GRAMMARS` sets are kept: the fence markers' every time, an answer asked again
+        without what it copied once)."""
         with self._lock:
             found = self._bans.get(bad_words)
+            pieces = self._pieces
         if found is not None:
             return found
-        assert self._llama_tokenizer is not None
-        tok = self._llama_tokenizer
-        found = []
-        for token in range(tok.vocab_size):
-            piece = tok.decode([token]).lstrip()
-            if piece and any(w.startswith(piece) or w in piece for w in bad_words):
-                found.append(token)
+        if pieces is None:  # every token's text, decoded once: a scan then costs string tests only
+            assert self._llama_tokenizer is not None
+            tok = self._llama_tokenizer
+            pieces = [tok.decode([token]).lstrip() for token in range(tok.vocab_size)]
+        found = [
+            token
+            for token, piece in enumerate(pieces)
+            if piece and any(w.startswith(piece) or w in piece for w in bad_words)
+        ]
         with self._lock:
+            self._pieces = pieces
+            if len(self._bans) >= _MAX_GRAMMARS:
+                self._bans.clear()
             self._bans[bad_words] = found
         return found
 
@@ -566,7 +589,7 @@ class LlamaCppEngine(CpuEngine):
         processors (the bad-words ban, then the greedy grammar) and that greedy grammar, if any."""
         sampling = req.request.sampling
         grammar = self._grammar(llama_cpp, sampling.json_schema)
-        processors = self._no_bad_opening(sampling.bad_words, detok) or []
+        processors = self._no_bad_words(sampling, detok, prompt_len) or []
         greedy = grammar is not None and sampling.temperature < 1e-5 and sampling.repetition_penalty == 1.0
         if not greedy:
             return grammar, processors, None

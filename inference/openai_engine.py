@@ -137,7 +137,7 @@ SERVER_TRAITS: dict[Kind, ServerTraits] = {
         True,
         True,
         "vllm",
-        {"repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos"},
+        {"repetition_penalty": "repetition_penalty", "ignore_eos": "ignore_eos", "bad_words": "bad_words"},
     ),
     "llamacpp": ServerTraits(
         "/health",
@@ -768,6 +768,8 @@ class OpenAIEngine(Engine):
             body[extras["repetition_penalty"]] = s.repetition_penalty
         if s.ignore_eos and "ignore_eos" in extras:
             body[extras["ignore_eos"]] = True
+        if s.bad_words and "bad_words" in extras:
+            body[extras["bad_words"]] = list(s.bad_words)
         if self.send_priority:
             body["priority"] = request.lane.vllm_priority
         if request.tools and path.endswith("chat/completions"):

@@ -250,6 +250,38 @@ async def test_bad_words_keep_a_model_from_opening_its_answer_with_the_prompts_m
     assert not texts[1].lstrip().startswith("<<"), texts[1]
 
 
+@pytest.mark.parametrize("backend", ["llamacpp", "cpu"])
+async def test_a_banned_phrase_of_the_greedy_answer_is_never_completed(
+    backend: str, smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    """vLLM's ``bad_words`` rule in both engines that decode themselves, on the same GGUF: the phrase
+    a greedy answer wrote, given as a bad word, is not written again (what an answer asked again
+    after copying its prompt is given: ``bot.answer_clean.ask_again``)."""
+    config = EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1)
+    if backend == "cpu":  # a folder holding only the GGUF, as test_the_cpu_engine_loads_the_same_gguf
+        folder = tmp_path / "smollm2"
+        folder.mkdir()
+        shutil.copyfile(smollm2_gguf, folder / smollm2_gguf.name)
+        config = EngineConfig(model=str(folder), cpu_max_concurrency=1, cpu_threads=1)
+    engine: CpuEngine = LlamaCppEngine(config) if backend == "llamacpp" else CpuEngine(config)
+    await engine.start()
+    try:
+        free = (await answer(engine, greedy(f"{backend}-free", 24))).text
+        phrase = " ".join(free.split()[1:4])
+        banned = GenerationRequest(
+            f"{backend}-banned",
+            "chat",
+            Lane.NORMAL,
+            SamplingSettings(temperature=0.0, max_tokens=24, bad_words=(phrase,)),
+            messages=QUESTION,
+        )
+        again = (await answer(engine, banned)).text
+    finally:
+        await engine.shutdown()
+    assert len(phrase.split()) == 3 and phrase in free  # the case is real: the model writes it
+    assert phrase not in again, (phrase, again)
+
+
 async def test_after_calls_the_answer_may_not_open_with_another_call(smollm2_gguf: Path) -> None:
     """A transcript of JSON calls (an investigation's): SmolLM2 answers with one more call; with the
     decision's opening as a bad word (what the pipeline gives the answer after a loop) it writes

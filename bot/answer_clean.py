@@ -61,6 +61,22 @@ _QUESTION_RUN = 6
 """A run of at least this many words copied from the question is an echo of it."""
 
 
+ASK_AGAIN = 1
+"""Times an answer that is empty once cleaned, or only copies its prompt back (:func:`echo_verdict`),
+is asked again (:func:`ask_again`) before it counts as failed: by the bot in a thread and by
+``opsbot analyze`` (not vLLM's offline batch, which keeps its one draw)."""
+
+
+def ask_again(sampling: SamplingSettings, answer: str, prompt: str, attempt: int) -> SamplingSettings:
+    """The sampling for draw ``attempt`` (1, 2, ...) of a request whose last ``answer`` failed
+    :func:`echo_verdict`: another seed (when one was fixed), and what the answer copied from
+    ``prompt`` added to the bad words (:func:`copied_phrases`). Another seed alone wrote a summary for
+    3 of 16 echoed analyze items with SmolLM2: the prompt, not the draw, makes it copy."""
+    seed = None if sampling.seed is None else sampling.seed + attempt
+    copied = tuple(p for p in copied_phrases(answer, prompt) if p not in sampling.bad_words)
+    return replace(sampling, seed=seed, bad_words=(*sampling.bad_words, *copied))
+
+
 def with_fence_stops(sampling: SamplingSettings) -> SamplingSettings:
     """``sampling`` with :data:`STOP_SEQUENCES` in its stop list (configured stops are kept) and as
     bad words: an answer may not open with the markup (SmolLM2 opened 10 of 18 eval answers that
@@ -159,6 +175,41 @@ def echo_verdict(answer: str, prompt: str) -> str | None:
     own = _shingles(words, _SHINGLE)
     copied = len(own & _shingles(prompt_words, _SHINGLE))
     return ECHO if copied / len(own) >= _ECHO_SHARE else None
+
+
+_PHRASE_WORDS = 4
+"""Words of each copied phrase :func:`copied_phrases` names: enough to single out one line of the
+prompt's data, few enough that the ban stops the copy early."""
+
+
+def copied_phrases(answer: str, prompt: str) -> tuple[str, ...]:
+    """Where ``answer`` copies ``prompt``: the opening words (:data:`_PHRASE_WORDS`) of every run of
+    at least :data:`_SHINGLE` words that the prompt holds too, and of every line inside such a run,
+    as the answer wrote them. Asked again with these as bad words (:func:`ask_again`), a model can
+    no longer write the lines it copied back."""
+    answer = clean_answer(answer)
+    tokens = list(_WORD.finditer(answer))
+    words = [m.group(0).lower().strip(".:,;") for m in tokens]
+    prompt_shingles = _shingles(_words(clean_answer(prompt)), _SHINGLE)
+    copied = [False] * len(words)
+    for i in range(len(words) - _SHINGLE + 1):
+        if tuple(words[i : i + _SHINGLE]) in prompt_shingles:
+            copied[i : i + _SHINGLE] = [True] * _SHINGLE
+    phrases: list[str] = []
+    for i, match in enumerate(tokens):
+        if not copied[i]:
+            continue
+        opens_run = i == 0 or not copied[i - 1]
+        opens_line = i > 0 and "\n" in answer[tokens[i - 1].end() : match.start()]
+        if not (opens_run or opens_line):
+            continue
+        end = i
+        while end + 1 < len(tokens) and end + 1 - i < _PHRASE_WORDS and copied[end + 1]:
+            end += 1
+        phrase = answer[match.start() : tokens[end].end()]
+        if end + 1 - i >= 2 and phrase not in phrases:
+            phrases.append(phrase)
+    return tuple(phrases)
 
 
 def _contains_run(haystack: list[str], run: list[str]) -> bool:

@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING, Any
 from bot import metrics, postmortem, replay
 from bot.access import Author
 from bot.adapters.base import ChatAdapter, ReplyStream
-from bot.answer_clean import clean_answer, clean_partial, with_fence_stops
+from bot.answer_clean import (
+    ASK_AGAIN,
+    EMPTY,
+    ask_again,
+    clean_answer,
+    clean_partial,
+    echo_verdict,
+    with_fence_stops,
+)
 from bot.config import AnswerSettings, ThreadSettings
 from bot.context.alertmanager import thread_reference
 from bot.context.base import ContextBundle
@@ -622,18 +630,16 @@ class Pipeline:
                 sampling = replace(sampling, bad_words=(*sampling.bad_words, *DECISION_OPENINGS))
         record.prompt_tokens = len(token_ids)
         prepared.task = messages[-1].content if messages and messages[-1].role == "user" else ""
-        prepared.events = _StartedStream(
-            engine.generate(
-                GenerationRequest(
-                    request_id=message.request_id,
-                    scenario=scenario,
-                    lane=lane,
-                    sampling=sampling,
-                    prompt_token_ids=token_ids,
-                    messages=messages,  # for a remote server that takes chat messages, not ids
-                )
-            )
+        prepared.engine = engine
+        prepared.request = GenerationRequest(
+            request_id=message.request_id,
+            scenario=scenario,
+            lane=lane,
+            sampling=sampling,
+            prompt_token_ids=token_ids,
+            messages=messages,  # for a remote server that takes chat messages, not ids
         )
+        prepared.events = _StartedStream(engine.generate(prepared.request))
         return prepared
 
     async def _answer_into(
@@ -661,26 +667,34 @@ class Pipeline:
         # Shown while the engine already has the request; awaited before the first text edit.
         sources = asyncio.create_task(reply.show_sources(bundle.notes if bundle else []))
         text, result, error = "", None, prepared.error
+        attempt = 0  # draws asked again (bot.answer_clean.ASK_AGAIN)
         if prepared.events is not None:
             # A postmortem streams its progress, not its text: the draft arrives as a file.
             stream = DraftProgress(reply) if scenario == POSTMORTEM else reply
             checklist = steps_text(prepared.steps.updates) if prepared.steps is not None else ""
+            prefix = checklist + "\n\n" if checklist and reply.steps_in_text else ""
             text, result, error = await self._generate(
-                message.request_id,
-                prepared.events,
-                stream,
-                record,
-                sources,
-                hold,
-                prefix=checklist + "\n\n" if checklist and reply.steps_in_text else "",
-                task=prepared.task,
+                message.request_id, prepared.events, stream, record, sources, hold, prefix, prepared.task
             )
+            while attempt < ASK_AGAIN and (again := prepared.ask_again(result, error, text, attempt + 1)):
+                attempt += 1
+                assert prepared.engine is not None
+                logger.info("%s: the answer was empty or copied its prompt: asked again", again.request_id)
+                prepared.events = _StartedStream(prepared.engine.generate(again))
+                text, result, error = await self._generate(
+                    again.request_id, prepared.events, stream, record, None, hold, prefix, prepared.task
+                )
         await sources
-        if error is None and result is not None and result.output_tokens and not text.strip():
-            # Nothing left once fence markup is removed (a small model copying its prompt): say so,
-            # as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it empty).
+        failure = prepared.failure(result, error, text)
+        if failure is not None:
+            # Still nothing of its own after asking again (a small model copying its prompt): say
+            # so, as a failed answer (no turn stored, no feedback buttons; opsbot eval counts it).
             error = EMPTY_ANSWER_TEXT.format(model=record.model or "the model")
-            record.error = "the answer was empty once fence markup and copied instructions were removed"
+            record.error = (
+                "the answer was empty once fence markup and copied instructions were removed"
+                if failure == EMPTY
+                else f"the answer only copied its prompt back, asked {1 + attempt} times"
+            )
         shown = text
         if prepared.investigation is not None:
             shown = await self._conclude_investigation(message, record, prepared, text, result, error)
@@ -700,6 +714,7 @@ class Pipeline:
             total_ms=record.e2e_ms,
             output_tokens=result.output_tokens if result else None,
             error=error,
+            failure=failure,
             feedback=error is None,
             scope=bundle.scope_text() if bundle else None,
         )
@@ -1149,8 +1164,41 @@ class _Prepared:
     steps: StepRelay | None = None
     task: str = ""
     """The prompt's last user turn: an answer that opens by copying it loses the copy."""
+    engine: Engine | None = None
+    request: GenerationRequest | None = None
+    """The answer's latest request (:meth:`ask_again` derives the next draw's from it)."""
     delivered: bool = False
     """The final answer is posted: a shutdown after it adds no note to the thread."""
+
+    def failure(self, result: GenerationResult | None, error: str | None, text: str) -> str | None:
+        """Why the last draw is no answer (:func:`bot.answer_clean.echo_verdict`: ``empty``, or
+        ``echoed the prompt``), ``text`` being what is left of it once cleaned; ``None`` for an
+        answer, a request that failed otherwise, or one that generated nothing (an evidence-only
+        eval)."""
+        if error is not None or result is None or not result.output_tokens or self.request is None:
+            return None
+        if not text.strip():
+            return EMPTY
+        return echo_verdict(result.text, self._prompt_text())
+
+    def ask_again(
+        self, result: GenerationResult | None, error: str | None, text: str, attempt: int
+    ) -> GenerationRequest | None:
+        """The request for draw ``attempt`` when the last draw is no answer (:meth:`failure`): the
+        same prompt, the sampling of :func:`bot.answer_clean.ask_again`; ``None`` for an answer."""
+        request = self.request
+        if request is None or result is None or self.failure(result, error, text) is None:
+            return None
+        self.request = replace(
+            request,
+            request_id=f"{request.request_id.removesuffix(f'-again{attempt - 1}')}-again{attempt}",
+            sampling=ask_again(request.sampling, result.text, self._prompt_text(), attempt),
+        )
+        return self.request
+
+    def _prompt_text(self) -> str:
+        """Every message of the answer's prompt, as the model saw them."""
+        return "\n".join(m.content for m in (self.request.messages if self.request else None) or ())
 
 
 class StepRelay:

@@ -137,6 +137,9 @@ class FinalAnswer:
     output_tokens: int | None = None
     error: str | None = None
     """Set when the answer is an error message for the user rather than model output."""
+    failure: str | None = None
+    """Why the model's text was no answer (``bot.answer_clean``'s ``empty``, ``echoed the prompt``);
+    ``error`` then says so to the user."""
     feedback: bool = True
     """Whether to offer 👍 / 👎 buttons."""
     scope: str | None = None

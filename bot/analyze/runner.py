@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from bot.analyze.progress import ProgressSink
 from bot.analyze.results import ItemResult, ResultLog
 from bot.analyze.work import WorkItem
-from bot.answer_clean import clean_answer, echo_verdict
+from bot.answer_clean import ASK_AGAIN, ask_again, clean_answer, echo_verdict
 from bot.config import RetrySettings
 from bot.redact import redact
 from bot.retry import RetriesExhausted, RetryBudget
@@ -64,14 +64,6 @@ RequestIds = Callable[[WorkItem], str]
 OVERLOADED_RETRY = RetrySettings(max_retries=5, initial_s=1.0, max_s=32.0)
 """How an item the admission queue refused is offered again (a full lane is a wait, not a failure):
 up to 5 more times, backing off from about 1 s, under the one retry policy (:mod:`bot.retry`)."""
-
-
-ECHO_RETRIES = 1
-"""Times an item whose text only copies its prompt back (or is empty once cleaned) is asked again,
-with another seed, before it counts as failed (the engine path; vLLM's offline batch keeps its one
-draw). Cheap, and it helps where the copy was the sampler's draw: with SmolLM2 the second draw
-wrote a summary for 3 of 16 echoed items (``bench/results/answer-hygiene-2026-12-06-analyze-retry.md``);
-the rest copied again, because the prompt, not the draw, makes that model copy."""
 
 
 class Executor(abc.ABC):
@@ -177,14 +169,13 @@ class EngineExecutor(Executor):
                     dead.set()  # every later item would fail the same way: stop and say so
                 await done(item, None, str(exc), _status_of(exc))
                 return
-            if asked_again < ECHO_RETRIES and not stop.is_set() and echo_verdict(result.text, item.prompt):
+            if asked_again < ASK_AGAIN and not stop.is_set() and echo_verdict(result.text, item.prompt):
                 asked_again += 1
                 logger.info("batch item %s copied its prompt back: asked again", request.request_id)
-                seed = None if sampling.seed is None else sampling.seed + asked_again
                 request = replace(
                     request,
                     request_id=f"{self.request_id(item)}-again{asked_again}",
-                    sampling=replace(sampling, seed=seed),
+                    sampling=ask_again(request.sampling, result.text, item.prompt, asked_again),
                 )
                 continue
             await done(item, result, None, "ok")

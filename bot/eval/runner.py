@@ -313,7 +313,9 @@ class EvalRunner:
         result.tpot_ms = record.tpot_ms
         result.prompt_tokens = record.prompt_tokens
         result.output_tokens = record.output_tokens
-        result.score = score(result.answer, case.expect, context, question=message.text)
+        result.score = score(
+            result.answer, case.expect, context, question=message.text, failure=final.failure
+        )
         if self.settings.investigate.enabled:
             steps = [
                 st for st in await self.store.steps_between(started) if st.request_id == message.request_id

@@ -172,10 +172,14 @@ def hallucinated_objects(answer: str, context: str) -> list[str]:
     return out
 
 
-def score(answer: str, expect: Expectation, context: str, question: str = "") -> Score:
+def score(
+    answer: str, expect: Expectation, context: str, question: str = "", failure: str | None = None
+) -> Score:
     """Score ``answer`` against ``expect``; ``context`` is what the prompt showed the model (the whole
-    prompt), ``question`` what was asked (see the module doc for both)."""
-    failure = echo_verdict(answer, context)
+    prompt), ``question`` what was asked (see the module doc for both). ``failure``: the bot's own
+    verdict on the model's text (it then replied with an error, not that text); otherwise the answer
+    is judged here."""
+    failure = failure or echo_verdict(answer, context)
     own = "" if failure is not None else without_echo(answer, question)
     return Score(
         objects=[Check(options, _first(options, own)) for options in expect.objects],

@@ -1,6 +1,7 @@
-"""An analyze item whose summary only copies its prompt back is asked once more with another seed
-(``bot.analyze.runner.ECHO_RETRIES``): SmolLM2's copying is a draw of the sampler. The second draw's
-text is what is kept; an item that copies again counts as failed, as before."""
+"""An analyze item whose summary only copies its prompt back is asked once more
+(``bot.answer_clean.ASK_AGAIN``), with another seed and the phrases it copied as bad words (the
+engines never complete them). The second draw's text is what is kept; an item that copies again
+counts as failed, as before."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from bot.analyze.records import Group
-from bot.analyze.runner import ECHO_RETRIES, EngineExecutor
+from bot.analyze.runner import EngineExecutor
 from bot.analyze.work import WorkItem
+from bot.answer_clean import ASK_AGAIN
 from inference.engine import GenerationEvent, GenerationRequest, GenerationResult, SamplingSettings
 
 PROMPT = (
@@ -52,18 +54,20 @@ def run(engine: ScriptedEngine) -> list[tuple[str, str]]:
     return kept
 
 
-def test_an_echoed_summary_is_asked_again_with_another_seed_and_the_new_text_kept() -> None:
+def test_an_echoed_summary_is_asked_again_without_what_it_copied_and_the_new_text_kept() -> None:
     engine = ScriptedEngine(ECHO, SUMMARY)
     assert run(engine) == [("ok", SUMMARY)]
     first, again = engine.requests
     assert again.request_id == "batch-g1-again1" != first.request_id
     assert (first.sampling.seed, again.sampling.seed) == (7, 8)
+    assert first.sampling.bad_words == ()
+    assert again.sampling.bad_words == ("10:40:22 [firing] pod=payments-api-7d9f",)
 
 
 def test_an_item_that_copies_again_is_kept_as_it_is_and_asked_only_once_more() -> None:
     engine = ScriptedEngine(ECHO)
     assert run(engine) == [("ok", ECHO)]  # the runner's verdict (echo_verdict) marks it failed
-    assert len(engine.requests) == 1 + ECHO_RETRIES
+    assert len(engine.requests) == 1 + ASK_AGAIN
 
 
 def test_a_summary_of_its_own_is_asked_once() -> None:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from fakes.openai_server import FakeOpenAIServer
 
-from bot.analyze.runner import ECHO_RETRIES
-from bot.answer_clean import STOP_SEQUENCES
+from bot.answer_clean import ASK_AGAIN, STOP_SEQUENCES
 from bot.prompts import SCENARIO_TASKS
 from inference.scenarios import ALERT_SUMMARY
 
@@ -74,9 +73,7 @@ def test_echoed_summaries_are_failed_and_the_report_says_how_many(
     # Every request carried the fence markers as stop sequences; what was kept has none.
     # (Each echoed group was asked once more with another seed before it counted as failed.)
     sent = [r for r in echoing_server.log if (r.request_id or "").startswith("batch-")]
-    assert len(sent) == 4 * (1 + ECHO_RETRIES) and all(
-        set(STOP_SEQUENCES) <= set(r.body["stop"]) for r in sent
-    )
-    assert sum("-again" in (r.request_id or "") for r in sent) == 4 * ECHO_RETRIES
+    assert len(sent) == 4 * (1 + ASK_AGAIN) and all(set(STOP_SEQUENCES) <= set(r.body["stop"]) for r in sent)
+    assert sum("-again" in (r.request_id or "") for r in sent) == 4 * ASK_AGAIN
     kept = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert all("<<<" not in item["text"] and item["failure"] == "echoed the prompt" for item in kept)

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fakes.openai_server import FakeOpenAIServer
+from fakes.openai_server import FakeOpenAIServer, Fault
 
 from bot.adapters.console import ConsoleAdapter
 from bot.answer_clean import (
     ECHO,
     EMPTY,
     STOP_SEQUENCES,
+    ask_again,
     clean_answer,
     clean_partial,
+    copied_phrases,
     echo_verdict,
     with_fence_stops,
     without_echo,
@@ -290,3 +292,80 @@ async def test_an_answer_opening_with_its_task_line_is_shown_and_stored_without_
     assert [t.content for t in history if t.role == "assistant"] == [
         "The pod checkout-api-7d9f4 was OOMKilled (exit code 137)."
     ]
+
+
+RECORDS_PROMPT = (
+    "Task: summarise this alert group.\n"
+    "Records (3 of 3, oldest first):\n"
+    "- 13:23:31 [firing] pod=orders-worker-5d8f7-x2k9q: container orders-worker was OOMKilled\n"
+    "- 13:25:02 [firing] pod=orders-worker-5d8f7-p7w4n: container orders-worker was OOMKilled\n"
+    "- 13:31:47 [resolved] pod=orders-worker-5d8f7-x2k9q: container orders-worker was OOMKilled"
+)
+RECORDS_ECHO = (
+    "- 13:23:31 [firing] pod=orders-worker-5d8f7-x2k9q: container orders-worker was OOMKilled\n"
+    "- 13:25:02 [firing] pod=orders-worker-5d8f7-p7w4n: container orders-worker was OOMKilled"
+)
+"""How SmolLM2 echoed the largest analyze groups: their records, line for line."""
+
+
+def test_the_phrases_an_echo_copied_are_named_line_by_line_and_an_own_answer_names_none() -> None:
+    assert copied_phrases(RECORDS_ECHO, RECORDS_PROMPT) == (
+        "13:23:31 [firing] pod=orders-worker-5d8f7-x2k9q:",
+        "13:25:02 [firing] pod=orders-worker-5d8f7-p7w4n:",
+    )
+    own = "Two orders-worker pods were OOMKilled between 13:23 and 13:31; raise the memory limit."
+    assert copied_phrases(own, RECORDS_PROMPT) == ()
+    # A copy inside an answer of its own is named from where the copy begins.
+    mixed = "First check memory. " + RECORDS_ECHO.splitlines()[0] + " That is the cause."
+    assert copied_phrases(mixed, RECORDS_PROMPT) == ("13:23:31 [firing] pod=orders-worker-5d8f7-x2k9q:",)
+
+
+def test_asking_again_changes_the_seed_and_adds_what_was_copied_to_the_bad_words() -> None:
+    sampling = SamplingSettings(seed=7, bad_words=("<<<DATA",))
+    again = ask_again(sampling, RECORDS_ECHO, RECORDS_PROMPT, 1)
+    assert again.seed == 8 and again.bad_words[0] == "<<<DATA" and len(again.bad_words) == 3
+    assert ask_again(again, RECORDS_ECHO, RECORDS_PROMPT, 2).bad_words == again.bad_words  # no repeats
+    assert ask_again(SamplingSettings(), "", RECORDS_PROMPT, 1) == SamplingSettings()  # unseeded, empty
+
+
+QUESTION = "why is checkout-api crashlooping since the deploy at 10:40?"
+OWN_ANSWER = "checkout-api is OOMKilled: exit code 137 at its 512Mi limit since the 10:40 deploy."
+
+
+@pytest.fixture
+async def question_echo(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(QUESTION, tiny_model, tmp_path):
+        yield remote
+
+
+async def test_an_answer_that_only_copies_the_question_is_asked_again_without_the_copy(
+    question_echo: Remote,
+) -> None:
+    """The model's first draw is the question itself; the second draw is asked with another request
+    id and the copied phrase as a bad word (``vllm serve`` reads ``bad_words``), and its answer is
+    the one shown and stored."""
+    adapter = question_echo.adapter
+    message = adapter.to_message(QUESTION)
+    question_echo.server.fault(f"{message.request_id}-again1", Fault(answer=OWN_ANSWER))
+    await adapter._submit(message)  # type: ignore[misc]
+    (first,) = question_echo.server.requests_for(message.request_id)
+    (again,) = question_echo.server.requests_for(f"{message.request_id}-again1")
+    assert "why is checkout-api crashlooping" not in " ".join(first.body.get("bad_words", []))
+    assert "why is checkout-api crashlooping" in again.body["bad_words"]
+    assert set(STOP_SEQUENCES) <= set(again.body["bad_words"])
+    assert OWN_ANSWER in question_echo.out.getvalue()
+    history = await question_echo.store.thread_history("console", "terminal", adapter.session)
+    assert [t.content for t in history if t.role == "assistant"] == [OWN_ANSWER]
+
+
+async def test_an_answer_that_copies_again_is_a_failed_answer_and_is_asked_only_once_more(
+    question_echo: Remote,
+) -> None:
+    adapter = question_echo.adapter
+    message = adapter.to_message(QUESTION)
+    await adapter._submit(message)  # type: ignore[misc]
+    sent = [r for r in question_echo.server.log if (r.request_id or "").startswith(message.request_id)]
+    assert [r.request_id for r in sent] == [message.request_id, f"{message.request_id}-again1"]
+    assert "tiny-chat gave no answer: it only copied its prompt back" in question_echo.out.getvalue()
+    history = await question_echo.store.thread_history("console", "terminal", adapter.session)
+    assert [t.role for t in history] == ["user"]

@@ -94,6 +94,8 @@ class Fault:
     """After this many token chunks, send vLLM's in-stream error event and ``[DONE]``."""
     stall_after_tokens: int | None = None
     """Stop sending after this many token chunks, keeping the connection open."""
+    answer: str | None = None
+    """What this request "generates" instead of the server's answer."""
 
 
 @dataclass
@@ -606,12 +608,15 @@ class FakeOpenAIServer:
             out: list[int] = []
             text = full = ""
             hold = max((len(stop) for stop in stops), default=1) - 1
+            answer_ids = self._answer_ids
+            if fault.answer is not None:
+                answer_ids = self.tokenizer.encode(fault.answer, add_special_tokens=False)
             finish: str | None = None
             stop_reason: str | None = None
             first_ts = last_ts = 0.0
             while finish is None:
                 position = len(out)
-                answer_done = position >= len(self._answer_ids) and not body.get("ignore_eos")
+                answer_done = position >= len(answer_ids) and not body.get("ignore_eos")
                 if answer_done:
                     finish = "stop"  # the model emitted EOS: counted, not shown
                     delta = full[len(text) :]  # what was held back for a stop string goes out now
@@ -619,7 +624,7 @@ class FakeOpenAIServer:
                     if self.tokenizer.eos_token_id is not None:
                         out.append(int(self.tokenizer.eos_token_id))
                 else:
-                    out.append(self._answer_ids[position % len(self._answer_ids)])
+                    out.append(answer_ids[position % len(answer_ids)])
                     decoded = self.tokenizer.decode(out, skip_special_tokens=True)
                     if not decoded.endswith("\ufffd"):  # an incomplete character waits for its bytes
                         full = decoded

@@ -680,10 +680,16 @@ class Pipeline:
                 attempt += 1
                 assert prepared.engine is not None
                 logger.info("%s: the answer was empty or copied its prompt: asked again", again.request_id)
+                # The row keeps the first draw's wait and first token (when the asker first saw
+                # words) and counts every draw's tokens; the rest describes the answer kept.
+                first = (record.queue_ms, record.ttft_ms, record.output_tokens or 0)
                 prepared.events = _StartedStream(prepared.engine.generate(again))
                 text, result, error = await self._generate(
                     again.request_id, prepared.events, stream, record, None, hold, prefix, prepared.task
                 )
+                record.queue_ms, record.ttft_ms = first[0], first[1]
+                if result is not None:
+                    record.output_tokens = first[2] + result.output_tokens
         await sources
         failure = prepared.failure(result, error, text)
         if failure is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -356,6 +357,10 @@ async def test_an_answer_that_only_copies_the_question_is_asked_again_without_th
     assert OWN_ANSWER in question_echo.out.getvalue()
     history = await question_echo.store.thread_history("console", "terminal", adapter.session)
     assert [t.content for t in history if t.role == "assistant"] == [OWN_ANSWER]
+    # The row: the first draw's first token (when words first reached the asker), both draws' tokens.
+    rows = await question_echo.store.requests_between(datetime.now(UTC) - timedelta(minutes=5))
+    (row,) = [r for r in rows if r.request_id == message.request_id]
+    assert row.status == "ok" and row.output_tokens == first.tokens_sent + again.tokens_sent
 
 
 async def test_an_answer_that_copies_again_is_a_failed_answer_and_is_asked_only_once_more(

@@ -53,10 +53,11 @@ _DEBRIS = re.compile(
 )
 _BLANK_RUNS = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 _WORD = re.compile(r"[\w][\w.:/%-]*")
-_SHINGLE = 5
-"""Words per shingle when comparing an answer with its prompt."""
+_RUN = 4
+"""Words in a row an answer must share with its prompt for them to count as copied (a shared name
+or term is shorter; a copied line, or a paraphrase that keeps the prompt's phrases, is not)."""
 _ECHO_SHARE = 0.7
-"""An answer whose shingles are at least this share copies of its prompt's is an echo."""
+"""An answer whose words lie at least this share in copied runs is an echo."""
 _QUESTION_RUN = 6
 """A run of at least this many words copied from the question is an echo of it."""
 
@@ -170,11 +171,22 @@ def echo_verdict(answer: str, prompt: str) -> str | None:
     if not words:
         return EMPTY
     prompt_words = _words(clean_answer(prompt))
-    if len(words) < _SHINGLE:  # too short for shingles: an echo when copied whole
+    if len(words) < _RUN:  # too short for a run: an echo when copied whole
         return ECHO if _contains_run(prompt_words, words) else None
-    own = _shingles(words, _SHINGLE)
-    copied = len(own & _shingles(prompt_words, _SHINGLE))
-    return ECHO if copied / len(own) >= _ECHO_SHARE else None
+    copied = _copied(words, prompt_words)
+    return ECHO if sum(copied) / len(words) >= _ECHO_SHARE else None
+
+
+def _copied(words: list[str], prompt_words: list[str]) -> list[bool]:
+    """For each of ``words``: whether it lies in a run of at least :data:`_RUN` of them that the
+    prompt holds too. Counting words rather than runs catches a copy the model broke up with a
+    word of its own ("The cluster data gathered ... was: 7 alert firings of ...") as well."""
+    runs = _shingles(prompt_words, _RUN)
+    copied = [False] * len(words)
+    for i in range(len(words) - _RUN + 1):
+        if tuple(words[i : i + _RUN]) in runs:
+            copied[i : i + _RUN] = [True] * _RUN
+    return copied
 
 
 _PHRASE_WORDS = 4
@@ -184,17 +196,13 @@ prompt's data, few enough that the ban stops the copy early."""
 
 def copied_phrases(answer: str, prompt: str) -> tuple[str, ...]:
     """Where ``answer`` copies ``prompt``: the opening words (:data:`_PHRASE_WORDS`) of every run of
-    at least :data:`_SHINGLE` words that the prompt holds too, and of every line inside such a run,
+    at least :data:`_RUN` words that the prompt holds too, and of every line inside such a run,
     as the answer wrote them. Asked again with these as bad words (:func:`ask_again`), a model can
     no longer write the lines it copied back."""
     answer = clean_answer(answer)
     tokens = list(_WORD.finditer(answer))
     words = [m.group(0).lower().strip(".:,;") for m in tokens]
-    prompt_shingles = _shingles(_words(clean_answer(prompt)), _SHINGLE)
-    copied = [False] * len(words)
-    for i in range(len(words) - _SHINGLE + 1):
-        if tuple(words[i : i + _SHINGLE]) in prompt_shingles:
-            copied[i : i + _SHINGLE] = [True] * _SHINGLE
+    copied = _copied(words, _words(clean_answer(prompt)))
     phrases: list[str] = []
     for i, match in enumerate(tokens):
         if not copied[i]:

@@ -427,7 +427,7 @@ class LlamaCppEngine(CpuEngine):
         for index in range(cfg.cpu_max_concurrency):
             logger.info("llama.cpp engine loading slot %d/%d of %s", index + 1, cfg.cpu_max_concurrency, path)
             slots.append(_Slot(index, self._open(llama_cpp, path, cfg, extra_buffers=extra_buffers)))
-            if self._state != "loading":  # shutdown() came while loading: stop early
+            if self._state not in ("loading", "restarting"):  # shutdown() came meanwhile: stop early
                 raise EngineStartupError("the llama.cpp engine was shut down while it was starting")
         first = slots[0].llama
         self._llama_tokenizer = LlamaCppChatTokenizer(first, str(path))

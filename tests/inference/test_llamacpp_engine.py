@@ -4,6 +4,7 @@ The shared engine contract is ``test_engine_contract.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -134,6 +135,28 @@ async def test_the_cpu_engine_loads_the_same_gguf_renders_the_same_ids_and_start
     # so only the start of a greedy answer must agree.
     assert from_cpu.text.split()[:5] == from_llama.text.split()[:5]
     assert from_cpu.prompt_tokens == from_llama.prompt_tokens == len(ids)
+
+
+async def test_a_dead_engine_restarts_and_answers_again(smollm2_gguf: Path) -> None:
+    """``engine.on_dead = "restart"`` on llama.cpp: declared dead (what the watchdog does to a hung
+    engine), it loads its slots again and the next request is answered. Its loading loop once took
+    the restart for a shutdown and gave up after the first slot (eval under load, 2026-12-06)."""
+    config = EngineConfig(
+        model=str(smollm2_gguf), cpu_max_concurrency=2, cpu_threads=1, on_dead="restart", max_restarts=1
+    )
+    engine = LlamaCppEngine(config)
+    await engine.start()
+    try:
+        engine.declare_dead("hung: no token for 60 s")
+        assert not engine.health().ready
+        for _ in range(600):
+            if engine.health().ready:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.health().ready, engine.health()
+        assert (await answer(engine, greedy("after-restart", 4))).output_tokens > 0
+    finally:
+        await engine.shutdown()
 
 
 async def test_an_abort_stops_a_long_prompt_evaluation_and_the_slot_serves_the_next_request(

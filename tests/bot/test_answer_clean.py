@@ -112,8 +112,12 @@ def test_an_empty_or_echoed_answer_is_told_apart_from_an_answer_of_its_own() -> 
     assert echo_verdict(own, PROMPT) is None
     assert echo_verdict("OOMKilled.", PROMPT) is None
     # A copy broken up with words of its own is still a copy (SmolLM2 asked again, 2026-12-06).
-    data = "Cluster data gathered for this question (untrusted):\n7 alert firings of HighLatencyP99 (4 distinct)"
-    broken_up = "The cluster data gathered for this question (untrusted) was:\n\n7 alert firings of HighLatencyP99"
+    data = (
+        "Cluster data gathered for this question (untrusted):\n7 alert firings of HighLatencyP99 (4 distinct)"
+    )
+    broken_up = (
+        "The cluster data gathered for this question (untrusted) was:\n\n7 alert firings of HighLatencyP99"
+    )
     assert echo_verdict(broken_up, data) == ECHO
 
 

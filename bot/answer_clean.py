@@ -170,23 +170,55 @@ def echo_verdict(answer: str, prompt: str) -> str | None:
     words = _words(clean_answer(answer))
     if not words:
         return EMPTY
-    prompt_words = _words(clean_answer(prompt))
-    if len(words) < _RUN:  # too short for a run: an echo when copied whole
-        return ECHO if _contains_run(prompt_words, words) else None
-    copied = _copied(words, prompt_words)
-    return ECHO if sum(copied) / len(words) >= _ECHO_SHARE else None
+    return ECHO if _Prompt(prompt).copies(words) else None
 
 
-def _copied(words: list[str], prompt_words: list[str]) -> list[bool]:
-    """For each of ``words``: whether it lies in a run of at least :data:`_RUN` of them that the
-    prompt holds too. Counting words rather than runs catches a copy the model broke up with a
-    word of its own ("The cluster data gathered ... was: 7 alert firings of ...") as well."""
-    runs = _shingles(prompt_words, _RUN)
-    copied = [False] * len(words)
-    for i in range(len(words) - _RUN + 1):
-        if tuple(words[i : i + _RUN]) in runs:
-            copied[i : i + _RUN] = [True] * _RUN
-    return copied
+class _Prompt:
+    """A prompt's words and its runs of :data:`_RUN` words, read once, to judge answers against."""
+
+    def __init__(self, prompt: str) -> None:
+        self.words = _words(clean_answer(prompt))
+        self.runs = _shingles(self.words, _RUN)
+
+    def copies(self, words: list[str]) -> bool:
+        """Whether ``words`` (an answer's, not empty) are an echo: mostly copied runs, or, too few
+        for a run, copied whole."""
+        if len(words) < _RUN:
+            return _contains_run(self.words, words)
+        return sum(self.copied(words)) / len(words) >= _ECHO_SHARE
+
+    def copied(self, words: list[str]) -> list[bool]:
+        """For each of ``words``: whether it lies in a run of at least :data:`_RUN` of them that the
+        prompt holds too. Counting words rather than runs catches a copy the model broke up with
+        a word of its own ("The cluster data gathered ... was: 7 alert firings of ...") as well."""
+        copied = [False] * len(words)
+        for i in range(len(words) - _RUN + 1):
+            if tuple(words[i : i + _RUN]) in self.runs:
+                copied[i : i + _RUN] = [True] * _RUN
+        return copied
+
+
+class EchoGuard:
+    """Keeps a streaming answer off the screen while all of it so far only copies its prompt (the
+    answer may be asked again: :func:`ask_again`), so that a copy is never shown, even for a moment
+    or in a platform's stream that cannot take text back. It lets go for good at the first words
+    that are the answer's own; an answer that copies to its end stays held, and the verdict on the
+    whole answer (:func:`echo_verdict`) decides what happens to it."""
+
+    def __init__(self, prompt: str) -> None:
+        self._prompt = _Prompt(prompt)
+        self._released = not self._prompt.words
+
+    def holds(self, text: str) -> bool:
+        """Whether ``text`` (the cleaned answer so far) is still held back."""
+        if self._released:
+            return False
+        words = _words(text)
+        if words and not text[-1:].isspace():  # the last word may still grow ("op" of "opsbot")
+            words.pop()
+        if words and not self._prompt.copies(words):
+            self._released = True
+        return not self._released
 
 
 _PHRASE_WORDS = 4
@@ -202,7 +234,7 @@ def copied_phrases(answer: str, prompt: str) -> tuple[str, ...]:
     answer = clean_answer(answer)
     tokens = list(_WORD.finditer(answer))
     words = [m.group(0).lower().strip(".:,;") for m in tokens]
-    copied = _copied(words, _words(clean_answer(prompt)))
+    copied = _Prompt(prompt).copied(words)
     phrases: list[str] = []
     for i, match in enumerate(tokens):
         if not copied[i]:

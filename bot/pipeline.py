@@ -39,6 +39,7 @@ from bot.adapters.base import ChatAdapter, ReplyStream
 from bot.answer_clean import (
     ASK_AGAIN,
     EMPTY,
+    EchoGuard,
     ask_again,
     clean_answer,
     clean_partial,
@@ -674,7 +675,15 @@ class Pipeline:
             checklist = steps_text(prepared.steps.updates) if prepared.steps is not None else ""
             prefix = checklist + "\n\n" if checklist and reply.steps_in_text else ""
             text, result, error = await self._generate(
-                message.request_id, prepared.events, stream, record, sources, hold, prefix, prepared.task
+                message.request_id,
+                prepared.events,
+                stream,
+                record,
+                sources,
+                hold,
+                prefix,
+                prepared.task,
+                EchoGuard(prepared.prompt_text()),
             )
             while attempt < ASK_AGAIN and (again := prepared.ask_again(result, error, text, attempt + 1)):
                 attempt += 1
@@ -685,7 +694,15 @@ class Pipeline:
                 first = (record.queue_ms, record.ttft_ms, record.output_tokens or 0)
                 prepared.events = _StartedStream(prepared.engine.generate(again))
                 text, result, error = await self._generate(
-                    again.request_id, prepared.events, stream, record, None, hold, prefix, prepared.task
+                    again.request_id,
+                    prepared.events,
+                    stream,
+                    record,
+                    None,
+                    hold,
+                    prefix,
+                    prepared.task,
+                    EchoGuard(prepared.prompt_text()),
                 )
                 record.queue_ms, record.ttft_ms = first[0], first[1]
                 if result is not None:
@@ -972,6 +989,7 @@ class Pipeline:
         hold: UrgentHold | None = None,
         prefix: str = "",
         task: str = "",
+        guard: EchoGuard | None = None,
     ) -> tuple[str, GenerationResult | None, str | None]:
         """Run the engine's stream (already submitted by :meth:`_prepare`) into ``reply``; returns
         (text, result, user-facing error).
@@ -979,7 +997,8 @@ class Pipeline:
         ``before_text`` (the sources line being shown) is awaited before the first text edit, so
         the reply's posts keep their order while the engine already works. An urgent answer's
         ``hold`` is released once its first words are visible; a non-urgent answer's edits step
-        aside while urgent answers are on their way (``bot.urgency``).
+        aside while urgent answers are on their way (``bot.urgency``). While all of the answer so far
+        only copies its prompt, ``guard`` keeps it off the screen (it may be asked again).
 
         The request deadline is the engine layer's (``AdmittedEngine``): it raises
         :class:`RequestTimeoutError`, mapped here like every other branch of the engine's tree.
@@ -1006,8 +1025,11 @@ class Pipeline:
                             before_text = None
                         await self.urgent_first.step_aside(lane)
                         last_update = time.perf_counter()
+                        shown = clean_partial(text, task)
+                        if guard is not None and guard.holds(shown):
+                            shown = ""
                         # Not counted in the redaction metric: the final text is, once.
-                        await reply.update(prefix + count_secrets(clean_partial(text, task))[0])
+                        await reply.update(prefix + count_secrets(shown)[0])
                         if hold is not None and reply.first_visible_at is not None:
                             hold.release()
                 elif isinstance(event, GenerationResult):
@@ -1185,7 +1207,7 @@ class _Prepared:
             return None
         if not text.strip():
             return EMPTY
-        return echo_verdict(result.text, self._prompt_text())
+        return echo_verdict(result.text, self.prompt_text())
 
     def ask_again(
         self, result: GenerationResult | None, error: str | None, text: str, attempt: int
@@ -1198,11 +1220,11 @@ class _Prepared:
         self.request = replace(
             request,
             request_id=f"{request.request_id.removesuffix(f'-again{attempt - 1}')}-again{attempt}",
-            sampling=ask_again(request.sampling, result.text, self._prompt_text(), attempt),
+            sampling=ask_again(request.sampling, result.text, self.prompt_text(), attempt),
         )
         return self.request
 
-    def _prompt_text(self) -> str:
+    def prompt_text(self) -> str:
         """Every message of the answer's prompt, as the model saw them."""
         return "\n".join(m.content for m in (self.request.messages if self.request else None) or ())
 

@@ -23,6 +23,7 @@ from bot.answer_clean import (
     ECHO,
     EMPTY,
     STOP_SEQUENCES,
+    EchoGuard,
     ask_again,
     clean_answer,
     clean_partial,
@@ -337,13 +338,38 @@ def test_asking_again_changes_the_seed_and_adds_what_was_copied_to_the_bad_words
     assert ask_again(SamplingSettings(), "", RECORDS_PROMPT, 1) == SamplingSettings()  # unseeded, empty
 
 
+def test_a_streaming_answer_is_held_back_while_it_only_copies_its_prompt() -> None:
+    guard = EchoGuard(RECORDS_PROMPT)
+    lines = RECORDS_ECHO.splitlines()
+    assert guard.holds("") and guard.holds("- 13:23:31 ") and guard.holds(lines[0])
+    assert guard.holds("- 13:23:31 [fir")  # a word still growing is not judged yet
+    assert guard.holds(RECORDS_ECHO)  # a copy to its end stays held
+    own = EchoGuard(RECORDS_PROMPT)
+    assert own.holds("- 13:23:31 [firing]")
+    assert not own.holds("- 13:23:31 [firing] is when two orders-worker pods began to run out of memory ")
+    assert not own.holds(RECORDS_ECHO)  # let go for good: what was shown is not taken back
+    assert not EchoGuard("").holds("anything")
+
+
 QUESTION = "why is checkout-api crashlooping since the deploy at 10:40?"
 OWN_ANSWER = "checkout-api is OOMKilled: exit code 137 at its 512Mi limit since the 10:40 deploy."
+
+
+SYSTEM_ECHO = (
+    "You are opsbot, an incident assistant for site reliability engineers, answering in a chat thread"
+)
+"""A first draw that copies the system prompt (what SmolLM2 does with its records, data or task)."""
 
 
 @pytest.fixture
 async def question_echo(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
     async for remote in _remote(QUESTION, tiny_model, tmp_path):
+        yield remote
+
+
+@pytest.fixture
+async def system_echo(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+    async for remote in _remote(SYSTEM_ECHO, tiny_model, tmp_path):
         yield remote
 
 
@@ -382,3 +408,15 @@ async def test_an_answer_that_copies_again_is_a_failed_answer_and_is_asked_only_
     assert "tiny-chat gave no answer: it only copied its prompt back" in question_echo.out.getvalue()
     history = await question_echo.store.thread_history("console", "terminal", adapter.session)
     assert [t.role for t in history] == ["user"]
+
+
+async def test_a_copy_of_the_prompt_is_never_shown_while_it_streams_and_the_answer_asked_again_is(
+    system_echo: Remote,
+) -> None:
+    adapter = system_echo.adapter
+    message = adapter.to_message(QUESTION)
+    system_echo.server.fault(message.request_id, Fault(token_interval_s=0.05))  # streamed word by word
+    system_echo.server.fault(f"{message.request_id}-again1", Fault(answer=OWN_ANSWER))
+    await adapter._submit(message)  # type: ignore[misc]
+    shown = system_echo.out.getvalue()
+    assert shown.startswith(OWN_ANSWER), shown  # not a word of the copy before it

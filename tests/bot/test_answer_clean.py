@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes.openai_server import FakeOpenAIServer, Fault
@@ -195,34 +196,21 @@ async def _remote(answer: str, tiny_model: Path, tmp_path: Path) -> AsyncIterato
             await store.close()
 
 
-@pytest.fixture
-async def echoing(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(ECHOING, tiny_model, tmp_path):
-        yield remote
+def _answering(answer: str, name: str) -> Any:
+    """A fixture ``name``: the bot on the fake vLLM server, whose model answers every request ``answer``."""
+
+    async def remote(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
+        async for made in _remote(answer, tiny_model, tmp_path):
+            yield made
+
+    return pytest.fixture(remote, name=name)
 
 
-@pytest.fixture
-async def closing_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(CLOSING_FIRST, tiny_model, tmp_path):
-        yield remote
-
-
-@pytest.fixture
-async def task_first(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(TASK_FIRST, tiny_model, tmp_path):
-        yield remote
-
-
-@pytest.fixture
-async def only_data(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(ONLY_DATA, tiny_model, tmp_path):
-        yield remote
-
-
-@pytest.fixture
-async def misspelling(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(MISSPELT, tiny_model, tmp_path):
-        yield remote
+echoing = _answering(ECHOING, "echoing")
+closing_first = _answering(CLOSING_FIRST, "closing_first")
+task_first = _answering(TASK_FIRST, "task_first")
+only_data = _answering(ONLY_DATA, "only_data")
+misspelling = _answering(MISSPELT, "misspelling")
 
 
 async def test_the_fence_marker_is_a_stop_sequence_of_the_request_and_never_shown_or_stored(
@@ -361,16 +349,8 @@ SYSTEM_ECHO = (
 """A first draw that copies the system prompt (what SmolLM2 does with its records, data or task)."""
 
 
-@pytest.fixture
-async def question_echo(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(QUESTION, tiny_model, tmp_path):
-        yield remote
-
-
-@pytest.fixture
-async def system_echo(tiny_model: Path, tmp_path: Path) -> AsyncIterator[Remote]:
-    async for remote in _remote(SYSTEM_ECHO, tiny_model, tmp_path):
-        yield remote
+question_echo = _answering(QUESTION, "question_echo")
+system_echo = _answering(SYSTEM_ECHO, "system_echo")
 
 
 async def test_an_answer_that_only_copies_the_question_is_asked_again_without_the_copy(

@@ -62,10 +62,12 @@ _QUESTION_RUN = 6
 """A run of at least this many words copied from the question is an echo of it."""
 
 
-ASK_AGAIN = 1
+ASK_AGAIN = 2
 """Times an answer that is empty once cleaned, or only copies its prompt back (:func:`echo_verdict`),
 is asked again (:func:`ask_again`) before it counts as failed: by the bot in a thread and by
-``opsbot analyze`` (not vLLM's offline batch, which keeps its one draw)."""
+``opsbot analyze`` (not vLLM's offline batch, which keeps its one draw). Each draw may no longer
+write what any earlier one copied. With SmolLM2 on a 40-alert shift, once left 2 failed groups in
+3 runs, twice none (``bench/results/answer-hygiene-2026-12-06b-ask-again.md``)."""
 
 
 def ask_again(sampling: SamplingSettings, answer: str, prompt: str, attempt: int) -> SamplingSettings:

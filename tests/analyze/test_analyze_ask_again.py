@@ -1,7 +1,7 @@
-"""An analyze item whose summary only copies its prompt back is asked once more
-(``bot.answer_clean.ASK_AGAIN``), with another seed and the phrases it copied as bad words (the
-engines never complete them). The second draw's text is what is kept; an item that copies again
-counts as failed, as before."""
+"""An analyze item whose summary only copies its prompt back is asked again (up to
+``bot.answer_clean.ASK_AGAIN`` times), with another seed and the phrases it copied as bad words (the
+engines never complete them). The text of the first draw that is a summary is kept; an item that
+keeps copying counts as failed, as before."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_an_echoed_summary_is_asked_again_without_what_it_copied_and_the_new_tex
     assert again.sampling.bad_words == ("10:40:22 [firing] pod=payments-api-7d9f",)
 
 
-def test_an_item_that_copies_again_is_kept_as_it_is_and_asked_only_once_more() -> None:
+def test_an_item_that_keeps_copying_is_kept_as_it_is_once_asked_again_as_often_as_allowed() -> None:
     engine = ScriptedEngine(ECHO)
     assert run(engine) == [("ok", ECHO)]  # the runner's verdict (echo_verdict) marks it failed
     assert len(engine.requests) == 1 + ASK_AGAIN

@@ -21,6 +21,7 @@ from fakes.openai_server import FakeOpenAIServer, Fault
 
 from bot.adapters.console import ConsoleAdapter
 from bot.answer_clean import (
+    ASK_AGAIN,
     ECHO,
     EMPTY,
     STOP_SEQUENCES,
@@ -377,14 +378,18 @@ async def test_an_answer_that_only_copies_the_question_is_asked_again_without_th
     assert row.status == "ok" and row.output_tokens == first.tokens_sent + again.tokens_sent
 
 
-async def test_an_answer_that_copies_again_is_a_failed_answer_and_is_asked_only_once_more(
+async def test_an_answer_that_keeps_copying_is_a_failed_answer_once_asked_again_as_often_as_allowed(
     question_echo: Remote,
 ) -> None:
     adapter = question_echo.adapter
     message = adapter.to_message(QUESTION)
     await adapter._submit(message)  # type: ignore[misc]
     sent = [r for r in question_echo.server.log if (r.request_id or "").startswith(message.request_id)]
-    assert [r.request_id for r in sent] == [message.request_id, f"{message.request_id}-again1"]
+    again = [f"{message.request_id}-again{n}" for n in range(1, ASK_AGAIN + 1)]
+    assert [r.request_id for r in sent] == [message.request_id, *again]
+    # Each draw may not write what any earlier one copied: the bad words only grow.
+    bans = [set(r.body.get("bad_words", [])) for r in sent]
+    assert all(earlier <= later for earlier, later in zip(bans, bans[1:], strict=False))
     assert "tiny-chat gave no answer: it only copied its prompt back" in question_echo.out.getvalue()
     history = await question_echo.store.thread_history("console", "terminal", adapter.session)
     assert [t.role for t in history] == ["user"]

@@ -1,8 +1,8 @@
 """What of a model's answer may be shown, stored or replayed: the one owner of answer cleaning.
 
 A small model copies the prompt it was given: the fence markers of :mod:`bot.prompts`
-(``<<<DATA id=…>>>``, ``<<<END DATA id=…>>>``), the scenario's task line, the question. Three
-defences, each in one place:
+(``<<<DATA id=…>>>``, ``<<<END DATA id=…>>>``), the scenario's task line, the question, the data.
+Four defences, each in one place:
 
 - :data:`STOP_SEQUENCES`, added to every request's stop list (:func:`with_fence_stops`), so an
   engine ends the answer where an opening fence marker would begin: what follows is the prompt's
@@ -12,9 +12,12 @@ defences, each in one place:
 - :func:`clean_answer`, applied to every text shown (streamed or final), stored as a thread turn,
   written by ``opsbot analyze`` or read back as history: whatever fence markup the stops missed
   (a marker the model misspelt, history stored by an older opsbot) is removed.
-- :func:`echo_verdict`, by which ``opsbot analyze`` and ``opsbot eval`` count an answer that is
-  empty after cleaning, or only repeats its prompt, as failed; :func:`without_echo` keeps the eval's
-  scorer from crediting a name that the answer only copied from the question.
+- :func:`echo_verdict`, by which the bot, ``opsbot analyze`` and ``opsbot eval`` tell an answer
+  that is empty after cleaning, or only repeats its prompt, from one of its own; :func:`without_echo`
+  keeps the eval's scorer from crediting a name that the answer only copied from the question.
+- :func:`ask_again` (up to :data:`ASK_AGAIN` times) for an answer the verdict fails: the next draw may
+  not write what the last one copied (its phrases become bad words); while an answer streams,
+  :class:`EchoGuard` keeps a copy off the screen. What still fails counts as failed.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ ASK_AGAIN = 2
 """Times an answer that is empty once cleaned, or only copies its prompt back (:func:`echo_verdict`),
 is asked again (:func:`ask_again`) before it counts as failed: by the bot in a thread and by
 ``opsbot analyze`` (not vLLM's offline batch, which keeps its one draw). Each draw may no longer
-write what any earlier one copied. With SmolLM2 on a 40-alert shift, once left 2 failed groups in
-3 runs, twice none (``bench/results/answer-hygiene-2026-12-06b-ask-again.md``)."""
+write what any earlier one copied. With SmolLM2 on a 40-alert shift (13 groups, 3 runs each), once
+left 2 groups failed, twice 1; another seed alone, 7
+(``bench/results/answer-hygiene-2026-12-06b-ask-again.md``)."""
 
 
 def ask_again(sampling: SamplingSettings, answer: str, prompt: str, attempt: int) -> SamplingSettings:

@@ -22,6 +22,7 @@ Four defences, each in one place:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 
@@ -40,11 +41,15 @@ ECHO = "echoed the prompt"
 # A fence marker, whole or cut short, as the prompt writes it or as a model misspells it: three
 # angle brackets (or the defused ‹‹‹ of bot.prompts.defuse), an optional END, DATA, and what follows
 # up to the closing brackets or the end of the line; with two brackets only when the tag follows
-# (``cat <<DATA`` / ``<<END`` here-documents in a suggested command stay).
+# (``cat <<DATA`` / ``<<END`` here-documents in a suggested command stay). Every form begins with
+# two brackets: the lookahead lets the scan skip all other positions at once (a whole prompt is read
+# per answer by the echo rules: 4.0 -> 0.65 ms for 28 KB).
 _MARKER = re.compile(
+    r"(?=[<‹]{2})(?:"
     r"(?:<{3,}|‹{3,})[ \t]*/?[ \t]*(?:END[ \t]*)?DATA\b[^\n<>‹›]*(?:>+|›+)?"
     r"|(?:<{2}|‹{2})[ \t]*(?:END[ \t]*)?DATA[ \t]+id=[^\n<>‹›]*(?:>+|›+)?"
-    r"|(?:<{3,}|‹{3,})[ \t]*END[ \t]+id=[^\n<>‹›]*(?:>+|›+)?",
+    r"|(?:<{3,}|‹{3,})[ \t]*END[ \t]+id=[^\n<>‹›]*(?:>+|›+)?"
+    r")",
     re.IGNORECASE,
 )
 # What a marker leaves behind when a model breaks it up: a line of nothing but angle brackets, a
@@ -74,7 +79,9 @@ left 2 groups failed, twice 1; another seed alone, 7
 (``bench/results/answer-hygiene-2026-12-06b-ask-again.md``)."""
 
 
-def ask_again(sampling: SamplingSettings, answer: str, prompt: str, attempt: int) -> SamplingSettings:
+def ask_again(
+    sampling: SamplingSettings, answer: str, prompt: str | PromptText, attempt: int
+) -> SamplingSettings:
     """The sampling for draw ``attempt`` (1, 2, ...) of a request whose last ``answer`` failed
     :func:`echo_verdict`: another seed (when one was fixed), and what the answer copied from
     ``prompt`` added to the bad words (:func:`copied_phrases`). Another seed alone wrote a summary for
@@ -169,22 +176,32 @@ def _shingles(words: list[str], size: int) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + size]) for i in range(max(0, len(words) - size + 1))}
 
 
-def echo_verdict(answer: str, prompt: str) -> str | None:
+def echo_verdict(answer: str, prompt: str | PromptText) -> str | None:
     """Why ``answer`` counts as failed: :data:`EMPTY` (nothing left after :func:`clean_answer`),
     :data:`ECHO` (its words are mostly copied runs of ``prompt``, the whole prompt as the model saw
     it), or ``None`` for an answer of its own."""
     words = _words(clean_answer(answer))
     if not words:
         return EMPTY
-    return ECHO if _Prompt(prompt).copies(words) else None
+    return ECHO if _read(prompt).copies(words) else None
 
 
-class _Prompt:
-    """A prompt's words and its runs of :data:`_RUN` words, read once, to judge answers against."""
+class PromptText:
+    """A prompt as the echo rules read it: its words and its runs of :data:`_RUN` words, read once
+    (at first use) however often it is asked: by :class:`EchoGuard` on every draw, the verdict and
+    :func:`copied_phrases`. Reading a prompt of a few thousand words takes milliseconds of the event
+    loop: one request reads its prompt once."""
 
     def __init__(self, prompt: str) -> None:
-        self.words = _words(clean_answer(prompt))
-        self.runs = _shingles(self.words, _RUN)
+        self.text = prompt
+
+    @functools.cached_property
+    def words(self) -> list[str]:
+        return _words(clean_answer(self.text))
+
+    @functools.cached_property
+    def runs(self) -> set[tuple[str, ...]]:
+        return _shingles(self.words, _RUN)
 
     def copies(self, words: list[str]) -> bool:
         """Whether ``words`` (an answer's, not empty) are an echo: mostly copied runs, or, too few
@@ -204,6 +221,10 @@ class _Prompt:
         return copied
 
 
+def _read(prompt: str | PromptText) -> PromptText:
+    return prompt if isinstance(prompt, PromptText) else PromptText(prompt)
+
+
 class EchoGuard:
     """Keeps a streaming answer off the screen while all of it so far only copies its prompt (the
     answer may be asked again: :func:`ask_again`), so that a copy is never shown, even for a moment
@@ -211,9 +232,9 @@ class EchoGuard:
     that are the answer's own; an answer that copies to its end stays held, and the verdict on the
     whole answer (:func:`echo_verdict`) decides what happens to it."""
 
-    def __init__(self, prompt: str) -> None:
-        self._prompt = _Prompt(prompt)
-        self._released = not self._prompt.words
+    def __init__(self, prompt: str | PromptText) -> None:
+        self._prompt = _read(prompt)
+        self._released = not self._prompt.text.strip()
 
     def holds(self, text: str) -> bool:
         """Whether ``text`` (the cleaned answer so far) is still held back."""
@@ -232,7 +253,7 @@ _PHRASE_WORDS = 4
 prompt's data, few enough that the ban stops the copy early."""
 
 
-def copied_phrases(answer: str, prompt: str) -> tuple[str, ...]:
+def copied_phrases(answer: str, prompt: str | PromptText) -> tuple[str, ...]:
     """Where ``answer`` copies ``prompt``: the opening words (:data:`_PHRASE_WORDS`) of every run of
     at least :data:`_RUN` words that the prompt holds too, and of every line inside such a run,
     as the answer wrote them. Asked again with these as bad words (:func:`ask_again`), a model can
@@ -240,7 +261,7 @@ def copied_phrases(answer: str, prompt: str) -> tuple[str, ...]:
     answer = clean_answer(answer)
     tokens = list(_WORD.finditer(answer))
     words = [m.group(0).lower().strip(".:,;") for m in tokens]
-    copied = _Prompt(prompt).copied(words)
+    copied = _read(prompt).copied(words)
     phrases: list[str] = []
     for i, match in enumerate(tokens):
         if not copied[i]:

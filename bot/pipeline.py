@@ -40,6 +40,7 @@ from bot.answer_clean import (
     ASK_AGAIN,
     EMPTY,
     EchoGuard,
+    PromptText,
     ask_again,
     clean_answer,
     clean_partial,
@@ -1197,6 +1198,7 @@ class _Prepared:
     """The answer's latest request (:meth:`ask_again` derives the next draw's from it)."""
     delivered: bool = False
     """The final answer is posted: a shutdown after it adds no note to the thread."""
+    _prompt: PromptText | None = None
 
     def failure(self, result: GenerationResult | None, error: str | None, text: str) -> str | None:
         """Why the last draw is no answer (:func:`bot.answer_clean.echo_verdict`: ``empty``, or
@@ -1224,9 +1226,13 @@ class _Prepared:
         )
         return self.request
 
-    def prompt_text(self) -> str:
-        """Every message of the answer's prompt, as the model saw them."""
-        return "\n".join(m.content for m in (self.request.messages if self.request else None) or ())
+    def prompt_text(self) -> PromptText:
+        """Every message of the answer's prompt, as the model saw them, read once for every draw's
+        guard, verdict and copied phrases (the draws share the prompt)."""
+        if self._prompt is None:
+            messages = (self.request.messages if self.request else None) or ()
+            self._prompt = PromptText("\n".join(m.content for m in messages))
+        return self._prompt
 
 
 class StepRelay:

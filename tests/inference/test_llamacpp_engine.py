@@ -412,6 +412,9 @@ async def test_llamacpps_own_log_lines_go_to_python_logging_not_to_the_terminal(
     await engine.start()
     await engine.shutdown()
     capfd.readouterr()
+    # Only the two lines below count: loading logs llama.cpp's own lines through the same callback
+    # (DEBUG, kept when an earlier test left the root logger at DEBUG).
+    caplog.clear()
     installed = llama_cpp.llama_log_callback()
     llama_cpp.llama_log_get(ctypes.byref(installed), ctypes.byref(ctypes.c_void_p()))
     with caplog.at_level(logging.DEBUG, logger="llama_cpp.native"):

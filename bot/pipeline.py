@@ -737,6 +737,7 @@ class Pipeline:
             tpot_ms=result.tpot_ms if result else None,
             total_ms=record.e2e_ms,
             output_tokens=result.output_tokens if result else None,
+            draws=1 + attempt,
             error=error,
             failure=failure,
             feedback=error is None,

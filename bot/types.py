@@ -135,6 +135,9 @@ class FinalAnswer:
     tpot_ms: float | None = None
     total_ms: float | None = None
     output_tokens: int | None = None
+    draws: int = 1
+    """How many times the model was asked for this answer: above 1 when an empty answer or one that
+    only copied its prompt was asked again (:data:`bot.answer_clean.ASK_AGAIN`)."""
     error: str | None = None
     """Set when the answer is an error message for the user rather than model output."""
     failure: str | None = None

@@ -97,6 +97,7 @@ def totals(results: Sequence[CaseResult]) -> dict[str, Any]:
         "passed": _rate([s.passed for s in scored]),
         "echoed": sum(s.failure == ECHO for s in scored),
         "empty": sum(s.failure == EMPTY for s in scored),
+        "asked_again": sum(r.draws > 1 for r in results),
         "evidence_recall": _rate([evidence.recalled(r.evidence) for r in results]),
         "gathering_misses": _missed(results, evidence.NOT_GATHERED),
         "budget_misses": _missed(results, evidence.CUT),
@@ -172,6 +173,7 @@ def case_dict(result: CaseResult) -> dict[str, Any]:
         "e2e_ms": result.e2e_ms,
         "prompt_tokens": result.prompt_tokens,
         "output_tokens": result.output_tokens,
+        "draws": result.draws,
         "sources": result.sources,
         "request_id": result.request_id,
         "answer": result.answer,
@@ -308,11 +310,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"| passed (all of the above, no hallucination) | {_frac(t['passed'])} |",
         f"| failed answers: echoed the prompt / empty after cleaning | {t.get('echoed', 0)} / "
         f"{t.get('empty', 0)} |",
+        f"| answers asked again (empty or copied at the first draw) | {t.get('asked_again', 0)} |",
         f"| TTFT p50 / p90 / max | {_ms(t['ttft_ms']['p50'])} / {_ms(t['ttft_ms']['p90'])} / "
         f"{_ms(t['ttft_ms']['max'])} |",
         f"| end-to-end p50 / p90 / max | {_ms(t['e2e_ms']['p50'])} / {_ms(t['e2e_ms']['p90'])} / "
         f"{_ms(t['e2e_ms']['max'])} |",
-        f"| output tokens | {t['output_tokens']} |",
+        f"| output tokens (every draw) | {t['output_tokens']} |",
         "",
     ]
     lines += _loop_lines(t.get("loop"))

@@ -178,6 +178,10 @@ class CaseResult:
     tpot_ms: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0
+    """Every draw's tokens (the request row's count)."""
+    draws: int = 1
+    """How many times the model was asked (above 1: the answer was empty or copied its prompt, and
+    was asked again)."""
     context_chars: int = 0
     """Length of the prompt's user turn (context, question and task), in characters."""
     sources: list[str] = field(default_factory=list)
@@ -313,6 +317,7 @@ class EvalRunner:
         result.tpot_ms = record.tpot_ms
         result.prompt_tokens = record.prompt_tokens
         result.output_tokens = record.output_tokens
+        result.draws = final.draws
         result.score = score(
             result.answer, case.expect, context, question=message.text, failure=final.failure
         )

@@ -38,7 +38,9 @@ admits waiting requests at once.
 after its admission is aborted in the inner engine and fails with :class:`RequestTimeoutError`.
 
 And it is the engine's **watchdog** (``engine.stall_timeout_s``): when requests are in flight and
-the engine produced no event for any of them for that long, the engine is hung. The inner engine
+the engine produced no event for any of them for that long, and showed no computing either
+(:meth:`Engine.computing_at`: llama.cpp evaluating a long prompt yields no token for a while), the
+engine is hung. The inner engine
 is told (:meth:`Engine.declare_dead`: it fails what it runs and restarts or gives up, as for a
 crash) and every stalled stream fails with :class:`EngineDeadError`. A request that is only
 waiting its turn inside the engine is not stalled while others make progress.
@@ -517,8 +519,14 @@ class AdmittedEngine(Engine):
                 if deadline is not None and now >= deadline:
                     raise TimeoutError
                 if now - self._progress_at >= stall:
-                    raise self._hung(request_id, now - self._progress_at)
-                # Another request's tokens arrived meanwhile: this one only waits its turn.
+                    # No token, but the engine may still be computing (a long or CPU-starved prompt).
+                    computing = self.inner.computing_at()
+                    computed_s = None if computing is None else time.monotonic() - computing
+                    if computed_s is None or computed_s >= stall:
+                        raise self._hung(request_id, now - self._progress_at)
+                    self._progress_at = now - computed_s  # (the loop's clock need not be monotonic())
+                # Another request's tokens arrived meanwhile, or the engine is still computing: this
+                # one only waits its turn.
         finally:
             if not pending.done():
                 pending.cancel()
@@ -526,7 +534,7 @@ class AdmittedEngine(Engine):
                     await pending
 
     def _hung(self, request_id: str, silent_s: float) -> EngineDeadError:
-        reason = f"no token for {silent_s:.0f} s (engine.stall_timeout_s = {self.stall_timeout_s:g})"
+        reason = f"no token for {silent_s:.1f} s (engine.stall_timeout_s = {self.stall_timeout_s:g})"
         if self.inner.health().ready:  # the first stalled stream tells the engine; the rest only fail
             self.stalls += 1
             logger.error("engine watchdog: the engine is hung (%s); handling it as dead", reason)

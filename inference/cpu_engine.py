@@ -61,6 +61,9 @@ from inference.tokenization import HFChatTokenizer
 
 logger = logging.getLogger(__name__)
 
+WORKER_JOIN_S = 30.0
+"""Shutdown waits this long for a worker thread still computing a stopped request (a torch forward
+pass over a long prompt cannot be stopped midway) before it gives up freeing the model."""
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -143,6 +146,8 @@ class CpuEngine(Engine):
         # Fast tokenizers raise "Already borrowed" when two threads encode at once.
         self._render_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._retired: list[ThreadPoolExecutor] = []
+        """Worker pools a restart replaced (their aborted requests may still be computing)."""
         self._state = "new"  # new | loading | ready | failed | dead | restarting | stopping | stopped
         self._failure = ""
         self._on_dead = on_dead
@@ -289,9 +294,11 @@ class CpuEngine(Engine):
         was = self._state
         self._state = "stopping"
         if self._restart_task is not None:
-            self._restart_task.cancel()
+            # A restart's loading thread cannot be cancelled: let it see "stopping" and end (llama.cpp
+            # stops between slots), so no model it loads is left half-made or still being built.
             with contextlib.suppress(BaseException):
-                await self._restart_task
+                await asyncio.wait_for(asyncio.shield(self._restart_task), WORKER_JOIN_S)
+            self._restart_task.cancel()
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
         with self._lock:
@@ -304,13 +311,36 @@ class CpuEngine(Engine):
             self._idle_waiter = None
         for req in list(self._requests.values()):
             self._abort_request(req, "the engine shut down")
-        if self._executor is not None:
-            # Aborted loops stop at their next token; wait for the threads so the model can go.
-            await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
-            self._executor = None
-        self._release()
+        if await self._join_workers():
+            self._release()
+        else:
+            # Freeing a model (a llama.cpp context) under a thread still computing in it crashes the
+            # process: leave it to the process's exit.
+            logger.error(
+                "%s: a worker thread is still in the model %.0f s after its request was stopped (hung); "
+                "the model is not freed",
+                self._label,
+                WORKER_JOIN_S,
+            )
         self._state = "stopped"
         logger.info("%s stopped (was %s)", self._label, was)
+
+    async def _join_workers(self) -> bool:
+        """Wait up to :data:`WORKER_JOIN_S` for every worker thread to end: the current pool's and
+        those a restart retired, whose aborted requests may still be computing (an aborted loop stops
+        at its next token, llama.cpp at its next graph node). False: one still runs."""
+        pools = [pool for pool in (*self._retired, self._executor) if pool is not None]
+        self._executor, self._retired = None, []
+
+        def join() -> None:
+            for pool in pools:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+        try:
+            await asyncio.wait_for(asyncio.to_thread(join), WORKER_JOIN_S)
+        except TimeoutError:
+            return False
+        return True
 
     def _release(self) -> None:
         """Drop the model once no worker runs any more."""
@@ -414,11 +444,15 @@ class CpuEngine(Engine):
         started = time.perf_counter()
         old, self._executor = self._executor, None
         if old is not None:
-            # A hung worker cannot be joined; its request is aborted and it ends when it can.
+            # A hung worker cannot be joined; its request is aborted and it ends when it can, holding
+            # the old model (not freed under it); shutdown() waits for it like for the current ones.
             old.shutdown(wait=False, cancel_futures=True)
+            self._retired.append(old)
         try:
             await asyncio.to_thread(self._load, self._warmup)
         except Exception as exc:
+            if self._state != "restarting":  # shut down meanwhile: the load stopped early, no failure
+                return
             self._state = "dead"
             self._give_up(f"restart failed: {type(exc).__name__}: {exc}")
             return

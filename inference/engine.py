@@ -254,6 +254,12 @@ class Engine(abc.ABC):
         give up as configured). False: this engine cannot (only the stalled requests fail)."""
         return False
 
+    def computing_at(self) -> float | None:
+        """When (``time.monotonic()``) the engine last showed it was computing, tokens or not (a
+        batch of a long prompt's evaluation): the watchdog takes no token for a while for a hang only
+        if this is older too. ``None``: the engine shows only its tokens."""
+        return None
+
     @property
     @abc.abstractmethod
     def tokenizer(self) -> ChatTokenizer:
@@ -295,6 +301,10 @@ class WrappedEngine(Engine):
     def declare_dead(self, reason: str) -> bool:
         """Hand the watchdog's verdict to ``inner``."""
         return self.inner.declare_dead(reason)
+
+    def computing_at(self) -> float | None:
+        """``inner``'s."""
+        return self.inner.computing_at()
 
     @property
     def tokenizer(self) -> ChatTokenizer:

@@ -269,12 +269,16 @@ class _Slot:
     """The running request's abort flag, read by llama.cpp's abort callback during a decode."""
     callback: Any = None
     """The ctypes callback object; held here so it outlives the context that calls it."""
+    computing_at: float = 0.0
+    """``time.monotonic()`` of the slot's latest computed graph node (set by the abort callback)."""
 
     def watch_aborts(self, llama_cpp: Any) -> None:
         """Let an abort stop a long prompt evaluation between graph nodes (llama.cpp's abort
-        callback), not only at the next token."""
+        callback), not only at the next token; and note each call, the engine's sign that it is
+        computing while a long prompt yields no token (:meth:`LlamaCppEngine.computing_at`)."""
 
         def should_abort(_data: Any) -> bool:
+            self.computing_at = time.monotonic()
             return self.cancel is not None and self.cancel.is_set()
 
         self.callback = llama_cpp.ggml_abort_callback(should_abort)
@@ -514,6 +518,11 @@ class LlamaCppEngine(CpuEngine):
         stats.prefix_cache_hit_rate = cached / prompt if prompt else None
         stats.quantization = self._quantization
         return stats
+
+    def computing_at(self) -> float | None:
+        """The latest graph node any slot computed: a prompt evaluation starved of CPU time (a busy
+        laptop, a 4,000-token incident on 2 cores) gives no token for a minute but is not hung."""
+        return max((slot.computing_at for slot in self._slots), default=None) or None
 
     # --- worker thread ---------------------------------------------------------------------------
 

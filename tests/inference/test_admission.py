@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
@@ -12,6 +13,7 @@ from inference.engine import (
     ChatMessage,
     ChatTokenizer,
     Engine,
+    EngineDeadError,
     EngineHealth,
     EngineOverloadedError,
     EngineStats,
@@ -335,3 +337,48 @@ async def test_without_a_kv_reading_the_watermark_never_blocks() -> None:
     ctl = AdmissionController(config(background_kv_watermark=0.1), kv_usage=lambda: None)
     ticket = await asyncio.wait_for(ctl.acquire(B, "b1"), 1.0)
     ticket.release()
+
+
+class ComputingEngine(ScriptedEngine):
+    """A scripted engine that also says when it last computed (llama.cpp evaluating a long prompt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computed: float | None = None
+        self.declared: list[str] = []
+
+    def computing_at(self) -> float | None:
+        return self.computed
+
+    def declare_dead(self, reason: str) -> bool:
+        self.declared.append(reason)
+        return True
+
+
+async def test_the_watchdog_waits_while_the_engine_computes_without_tokens_and_fires_once_it_stops() -> None:
+    """A prompt evaluation starved of CPU gives no token for longer than ``stall_timeout_s`` but is
+    no hang while the engine shows it is computing; once that stops too, the stream fails as hung."""
+    stall = 0.2
+    inner = ComputingEngine()
+    engine = AdmittedEngine(inner, config(), stall_timeout_s=stall)
+    answer = asyncio.create_task(collect(engine, request("slow", N)))
+    computing_until = time.monotonic() + 4 * stall
+    while time.monotonic() < computing_until:  # computing, no token, for 4 stall periods
+        inner.computed = time.monotonic()
+        await asyncio.sleep(stall / 10)
+    assert not answer.done() and engine.stalls == 0 and inner.declared == []
+    stopped = time.monotonic()
+    with pytest.raises(EngineDeadError, match=r"hung \(no token for"):
+        await answer
+    assert stall * 0.9 <= time.monotonic() - stopped <= stall * 3
+    assert engine.stalls == 1 and len(inner.declared) == 1
+
+
+async def test_an_engine_that_shows_no_computing_is_hung_after_stall_timeout_s_without_a_token() -> None:
+    stall = 0.2
+    inner = ScriptedEngine()  # computing_at() is None: only tokens count
+    engine = AdmittedEngine(inner, config(), stall_timeout_s=stall)
+    started = time.monotonic()
+    with pytest.raises(EngineDeadError):
+        await collect(engine, request("silent", N))
+    assert stall * 0.9 <= time.monotonic() - started <= stall * 3 and engine.stalls == 1

@@ -193,6 +193,69 @@ async def test_an_abort_stops_a_long_prompt_evaluation_and_the_slot_serves_the_n
         await engine.shutdown()
 
 
+async def test_a_prompt_evaluation_longer_than_the_stall_timeout_is_not_taken_for_a_hang(
+    smollm2_gguf: Path,
+) -> None:
+    """The watchdog (``engine.stall_timeout_s``) reads llama.cpp's computing, not only its tokens: a
+    ~3,000-token prompt on one thread gives no token for seconds, far past a 0.3 s stall timeout,
+    and is answered; the old watchdog declared such a CPU-starved prefill hung (a fresh clone's first
+    demo answer was lost that way on a busy 2-core machine, 2026-12-06)."""
+    from inference.admission import AdmittedEngine
+
+    inner = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1))
+    engine = AdmittedEngine(inner, stall_timeout_s=0.3)
+    await engine.start(QUESTION[:1])
+    try:
+        long = [QUESTION[0], ChatMessage("user", "pod restarted with exit code 137. " * 300)]
+        request = GenerationRequest(
+            "long-1", "chat", Lane.NORMAL, SamplingSettings(max_tokens=4), messages=long
+        )
+        result = None
+        async for event in engine.generate(request):
+            if isinstance(event, GenerationResult):
+                result = event
+        assert result is not None and result.output_tokens > 0
+        assert result.ttft_ms is not None and result.ttft_ms > 1000  # the prefill did outlast the timeout
+        assert engine.stalls == 0 and engine.health().ready
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_shutdown_right_after_the_watchdog_fires_mid_prompt_frees_nothing_still_in_use(
+    smollm2_gguf: Path,
+) -> None:
+    """The watchdog declares the engine dead while a slot evaluates a long prompt (here an engine
+    that shows only its tokens, so the prefill outlasts a 0.3 s stall timeout); the engine restarts
+    and the bot shuts down at once. The shutdown must wait for the aborted decode and the restart's
+    loading before it frees any context: it freed the old slots under the still-running decode, a
+    segfault of the whole process (2026-12-06)."""
+    from inference.admission import AdmittedEngine
+    from inference.engine import EngineDeadError, WrappedEngine
+
+    class TokensOnly(WrappedEngine):
+        def computing_at(self) -> float | None:
+            return None
+
+    fatal: list[str] = []
+    config = EngineConfig(
+        model=str(smollm2_gguf), cpu_max_concurrency=1, cpu_threads=1, on_dead="restart", max_restarts=1
+    )
+    inner = LlamaCppEngine(config, on_fatal=fatal.append)
+    engine = AdmittedEngine(TokensOnly(inner), stall_timeout_s=0.3)
+    await engine.start(QUESTION[:1])
+    long = [QUESTION[0], ChatMessage("user", "pod restarted with exit code 137. " * 300)]
+    request = GenerationRequest("long", "chat", Lane.NORMAL, SamplingSettings(max_tokens=8), messages=long)
+    try:
+        with pytest.raises(EngineDeadError, match="hung"):
+            async for _ in engine.generate(request):
+                pass
+    finally:
+        await engine.shutdown()
+    assert engine.stalls == 1 and not inner.health().ready
+    assert "shut down" in (inner.health().reason or "")
+    assert fatal == []  # a restart stopped by the shutdown is no failure
+
+
 AMX_CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
 flags\t\t: fpu sse sse2 avx avx2 avx512f avx512_vnni amx_bf16 amx_tile amx_int8

@@ -535,6 +535,13 @@ def read_root_cause(text: str, last_step: int, cluster: str) -> dict[str, Any] |
         return None
     for entity in entities:
         entity.setdefault("cluster", cluster)
+        # Kubernetes names hold no "/": a name "payments/worker-1" in namespace "payments" repeats
+        # its namespace (seen from SmolLM2: "Pod payments/payments/worker-1"), "pod/worker-1" is
+        # kubectl's kind/name. Either prefix is dropped here, once, so the citation line, the stored
+        # block and the eval's entity score read the same entity; any other prefix is kept as written.
+        prefix, slash, name = entity["name"].rpartition("/")
+        if slash and name and prefix.lower() in (entity["namespace"].lower(), entity["kind"].lower()):
+            entity["name"] = name
     claims = []
     for claim in block.get("claims") or []:
         if not isinstance(claim, dict) or not isinstance(claim.get("claim"), str):

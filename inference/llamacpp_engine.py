@@ -74,7 +74,38 @@ def _import_llama_cpp() -> Any:
             "built wheel for next time)"
         ) from exc
     _route_native_logs(llama_cpp)
+    _keep_standard_streams()
     return llama_cpp
+
+
+class _StreamsKept:
+    """Stands in for llama-cpp-python's ``suppress_stdout_stderr``: changes nothing."""
+
+    def __init__(self, disable: bool = True) -> None:
+        del disable
+
+    def __enter__(self) -> _StreamsKept:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+def _keep_standard_streams() -> None:
+    """Stop llama-cpp-python from blacking out the process's output while it loads a model.
+
+    With ``verbose=False`` it points file descriptors 1 and 2 at /dev/null (and swaps ``sys.stdout``
+    and ``sys.stderr``) for the whole process while a model or context loads: whatever any other
+    thread writes meanwhile is lost. An engine restart loads in the background, so the note "the model
+    engine is down" that ``opsbot chat`` printed at that moment, and the log lines of the restart,
+    vanished (2026-12-06). llama.cpp's own lines reach Python logging (:func:`_route_native_logs`)
+    and ``verbose=False`` keeps llama-cpp-python's own prints off, so there is nothing to hide."""
+    from llama_cpp import _internals
+    from llama_cpp import llama as high_level
+
+    for module in (high_level, _internals):
+        if getattr(module, "suppress_stdout_stderr", None) is not None:
+            module.suppress_stdout_stderr = _StreamsKept  # type: ignore[attr-defined]
 
 
 _NATIVE_LOGGER = logging.getLogger("llama_cpp.native")

@@ -85,12 +85,19 @@ class ConsoleReply(ReplyStream):
     async def finish(self, answer: FinalAnswer) -> None:
         if self.first_visible_at is None:
             self.first_visible_at = time.perf_counter()
-        if answer.text.startswith(self._shown):
-            self._out.write(answer.text[len(self._shown) :])
+        if answer.error is not None:
+            # A note, not model text: shown as notices are (``:warning:`` as its emoji, no Slack bold).
+            if self._shown:
+                self._out.write("\n")
+                self._out.flush()
+            self._console.print(answer.text.replace("*", ""), highlight=False, markup=False, soft_wrap=True)
         else:
-            self._out.write("\n" + answer.text)
-        self._out.write("\n")
-        self._out.flush()
+            if answer.text.startswith(self._shown):
+                self._out.write(answer.text[len(self._shown) :])
+            else:
+                self._out.write("\n" + answer.text)
+            self._out.write("\n")
+            self._out.flush()
         stats = format_footer_line(answer)
         if answer.tpot_ms is not None:
             stats += f" · {answer.tpot_ms:.1f} ms/token"
@@ -127,7 +134,7 @@ class ConsoleAdapter(ChatAdapter):
         return ConsoleReply(self._out, self._console, message.thread_id or self.session)
 
     async def send_notice(self, message: IncomingMessage, text: str, *, ephemeral: bool = False) -> None:
-        self._console.print(text.replace("*", ""), highlight=False)
+        self._console.print(text.replace("*", ""), highlight=False, markup=False, soft_wrap=True)
 
     async def post_to_channel(self, channel: str, text: str, thread_id: str | None = None) -> str:
         self._console.print(text, highlight=False)

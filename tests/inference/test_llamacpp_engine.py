@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,33 @@ async def test_a_shutdown_right_after_the_watchdog_fires_mid_prompt_frees_nothin
     assert engine.stalls == 1 and not inner.health().ready
     assert "shut down" in (inner.health().reason or "")
     assert fatal == []  # a restart stopped by the shutdown is no failure
+
+
+async def test_what_the_process_prints_while_llama_cpp_loads_a_model_is_not_lost(
+    smollm2_gguf: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """llama-cpp-python pointed stdout and stderr at /dev/null for the whole process while it loaded
+    a model: a restart loads in the background, and ``opsbot chat``'s "the model engine is down"
+    note printed meanwhile never reached the screen (2026-12-06). Every line printed on the event
+    loop while two slots load arrives."""
+    engine = LlamaCppEngine(EngineConfig(model=str(smollm2_gguf), cpu_max_concurrency=2, cpu_threads=1))
+    loading = asyncio.create_task(engine.start())
+    printed = 0
+    try:
+        while not loading.done():
+            print(f"still here {printed}", flush=True)
+            print(f"still here on stderr {printed}", file=sys.stderr, flush=True)
+            printed += 1
+            await asyncio.sleep(0.002)
+        await loading
+    finally:
+        await engine.shutdown()
+    captured = capfd.readouterr()
+    assert printed > 20  # the load took a while
+    assert [f"still here {i}" for i in range(printed)] == [
+        line for line in captured.out.splitlines() if line.startswith("still here")
+    ]
+    assert sum(line.startswith("still here on stderr") for line in captured.err.splitlines()) == printed
 
 
 AMX_CPUINFO = """processor\t: 0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bot.investigate import read_root_cause, root_cause_schema
+from bot.investigate import citation_line, read_root_cause, root_cause_schema
 from inference.engine import ToolSpec
 from inference.structured import complete_prefix, token_ceiling
 from inference.tool_calls import decision_schema, final_answer_spec
@@ -154,3 +154,30 @@ def test_a_cut_root_cause_block_keeps_whole_entities_and_real_step_references() 
     }
     # a block cut before any whole entity names nothing
     assert read_root_cause(BLOCK[: BLOCK.index('"shop"')], last_step=2, cluster="eu-west") is None
+
+
+def test_a_name_that_repeats_its_namespace_or_kind_names_the_object_once() -> None:
+    """Kubernetes names hold no "/": ``payments/worker-1`` in namespace ``payments`` (SmolLM2 wrote
+    it, and the citation read "Pod payments/payments/worker-1") and kubectl's ``pod/worker-1`` are
+    the object ``worker-1``; any other prefix is kept as the model wrote it."""
+
+    def entity(kind: str, namespace: str, name: str) -> dict[str, str]:
+        text = json.dumps(
+            {"conclusive": True, "root_cause": [{"kind": kind, "namespace": namespace, "name": name}]}
+        )
+        block = read_root_cause(text, last_step=0, cluster="c")
+        assert block is not None
+        return block["root_cause"][0]
+
+    assert entity("Pod", "payments", "payments/worker-1")["name"] == "worker-1"
+    assert entity("Deployment", "shop", "deployment/api")["name"] == "api"
+    assert entity("Node", "", "Node/worker-3") == {
+        "kind": "Node",
+        "namespace": "",
+        "name": "worker-3",
+        "cluster": "c",
+    }
+    assert entity("Pod", "shop", "other/api-1")["name"] == "other/api-1"
+    assert citation_line({"root_cause": [entity("Pod", "payments", "payments/worker-1")]}) == (
+        "Root cause: Pod payments/worker-1"
+    )

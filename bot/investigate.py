@@ -34,7 +34,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from bot import metrics
 from bot.config import InvestigateSettings, LaneBudget, Settings
@@ -45,7 +45,7 @@ from bot.progress import waiting_for_engine
 from bot.prompts import defuse, fence
 from bot.store import StepRecord, ThreadMessage
 from bot.tools.actions import PROPOSE_ACTION
-from bot.tools.base import ProposedAction
+from bot.tools.base import ProposedAction, object_name
 from bot.tools.registry import ToolBox, ToolRegistry, ToolResult
 from bot.types import StepUpdate
 from inference.engine import (
@@ -62,6 +62,7 @@ from inference.engine import (
 )
 from inference.structured import complete_prefix, token_ceiling
 from inference.tool_calls import (
+    DECISION_OPENINGS,
     FINAL_ANSWER,
     ToolCall,
     ToolCallError,
@@ -80,6 +81,11 @@ ANSWER_TURN = (
     "naming the failing object."
 )
 """The last user turn of an investigation: no tools, cite the steps, inconclusive is an answer."""
+
+ANSWER_BAD_WORDS: tuple[str, ...] = (*DECISION_OPENINGS, "<kind>", "<namespace>", "<name>")
+"""What an investigation's answer may not write: another tool call, or :data:`ANSWER_TURN`'s
+placeholders (a small model copied the template line itself: SmolLM2 in ``opsbot chat --demo``
+answered ``<kind> <namespace> <name>``)."""
 
 ROOT_CAUSE_TURN = (
     "Write the root cause of the answer above as JSON: the failing objects (kind, namespace, name) and "
@@ -120,6 +126,9 @@ class Investigation:
     summary), for a replay."""
     proposals: list[ProposedAction] = field(default_factory=list)
     """Fixes the model proposed (``propose_action``), in order: cards after the answer."""
+
+    answer_bad_words: ClassVar[tuple[str, ...]] = ANSWER_BAD_WORDS
+    """Bad words of the answer written from this transcript."""
 
     def replay_record(self) -> dict[str, Any]:
         """What replays this investigation without a cluster (:mod:`bot.tools.recorded`)."""
@@ -535,13 +544,8 @@ def read_root_cause(text: str, last_step: int, cluster: str) -> dict[str, Any] |
         return None
     for entity in entities:
         entity.setdefault("cluster", cluster)
-        # Kubernetes names hold no "/": a name "payments/worker-1" in namespace "payments" repeats
-        # its namespace (seen from SmolLM2: "Pod payments/payments/worker-1"), "pod/worker-1" is
-        # kubectl's kind/name. Either prefix is dropped here, once, so the citation line, the stored
-        # block and the eval's entity score read the same entity; any other prefix is kept as written.
-        prefix, slash, name = entity["name"].rpartition("/")
-        if slash and name and prefix.lower() in (entity["namespace"].lower(), entity["kind"].lower()):
-            entity["name"] = name
+        # Once here, so the citation line, the stored block and the eval's entity score agree.
+        entity["name"] = object_name(entity["name"], entity["namespace"], entity["kind"])
     claims = []
     for claim in block.get("claims") or []:
         if not isinstance(claim, dict) or not isinstance(claim.get("claim"), str):

@@ -88,7 +88,6 @@ from inference.engine import (
 )
 from inference.engine_set import EngineSet
 from inference.scenarios import POSTMORTEM, ScenarioRegistry
-from inference.tool_calls import DECISION_OPENINGS
 
 if TYPE_CHECKING:  # the gatherer pulls in the cluster clients; the pipeline only calls it
     from bot.actions.service import ActionService
@@ -629,7 +628,7 @@ class Pipeline:
             if found is not None:
                 prepared.investigation = found
                 messages, token_ids = found.messages, found.token_ids
-                sampling = replace(sampling, bad_words=(*sampling.bad_words, *DECISION_OPENINGS))
+                sampling = replace(sampling, bad_words=(*sampling.bad_words, *found.answer_bad_words))
         record.prompt_tokens = len(token_ids)
         prepared.task = messages[-1].content if messages and messages[-1].role == "user" else ""
         prepared.engine = engine

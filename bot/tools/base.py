@@ -189,6 +189,18 @@ def text_arg(arguments: Mapping[str, Any], key: str, default: str = "") -> str:
     return str(value).strip() if value is not None else default
 
 
+def object_name(name: str, namespace: str = "", kind: str = "") -> str:
+    """``name`` without leading parts that repeat its namespace or its kind: Kubernetes names hold
+    no "/", so ``shop/api-1`` in namespace ``shop`` and kubectl's ``pod/api-1`` are the object
+    ``api-1``. Models write both (SmolLM2 called ``kube_get name=payments/worker-...`` and named
+    ``payments/payments/worker-...`` as the root cause); any other prefix is kept as written."""
+    parts = name.split("/")
+    repeated = {namespace.lower(), kind.lower(), kind.lower() + "s"} - {""}
+    while len(parts) > 1 and parts[0].strip().lower() in repeated:
+        parts.pop(0)
+    return "/".join(parts)
+
+
 def int_arg(arguments: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
     """``arguments[key]`` as an int within ``[low, high]`` (the schema's bounds, enforced again for
     a server that does not constrain)."""

@@ -27,6 +27,7 @@ from bot.tools.base import (
     int_arg,
     integer,
     obj,
+    object_name,
     string,
     text_arg,
 )
@@ -129,7 +130,8 @@ class KubeGet(_KubeTool):
         resource = KINDS.get(kind)
         if resource is None:
             raise ToolError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
-        namespace, name = text_arg(arguments, "namespace"), text_arg(arguments, "name")
+        namespace = text_arg(arguments, "namespace")
+        name = object_name(text_arg(arguments, "name"), namespace, kind)
         cluster, reader = await self._reader(scope, arguments)
         try:
             if name:
@@ -179,7 +181,8 @@ class KubeEvents(_KubeTool):
 
     async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
         """The events, oldest first."""
-        namespace, name = text_arg(arguments, "namespace"), text_arg(arguments, "name")
+        namespace = text_arg(arguments, "namespace")
+        name = object_name(text_arg(arguments, "name"), namespace)
         cluster, reader = await self._reader(scope, arguments)
         selector = f"involvedObject.name={name}" if name else None
         spaces = [namespace] if namespace else list(cluster.namespaces) if cluster.namespaces else None
@@ -227,7 +230,8 @@ class KubeLogs(_KubeTool):
 
     async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
         """The log lines (redaction and the cap are the registry's)."""
-        namespace, pod_name = text_arg(arguments, "namespace"), text_arg(arguments, "pod")
+        namespace = text_arg(arguments, "namespace")
+        pod_name = object_name(text_arg(arguments, "pod"), namespace, "pod")
         if not namespace or not pod_name:
             raise ToolError("kube_logs needs a namespace and a pod")
         previous = bool(arguments.get("previous", False))
@@ -289,7 +293,8 @@ class KubeRollout(_KubeTool):
 
     async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
         """Revisions, newest first, and the template diff."""
-        namespace, name = text_arg(arguments, "namespace"), text_arg(arguments, "deployment")
+        namespace = text_arg(arguments, "namespace")
+        name = object_name(text_arg(arguments, "deployment"), namespace, "deployment")
         cluster, reader = await self._reader(scope, arguments)
         try:
             deployment = await reader.get("deployments", namespace, name)
@@ -323,7 +328,7 @@ class KubeNode(_KubeTool):
 
     async def run(self, arguments: Mapping[str, Any], scope: ToolScope) -> ToolOutput:
         """The node line, capacity, and its pods in scope."""
-        name = text_arg(arguments, "node")
+        name = object_name(text_arg(arguments, "node"), kind="node")
         cluster, reader = await self._reader(scope, arguments)
         try:
             node = await reader.get("nodes", None, name)

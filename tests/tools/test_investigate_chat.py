@@ -37,13 +37,13 @@ from bot.config import (
 from bot.context.gatherer import ContextGatherer
 from bot.eval.kube_api import KubernetesSnapshotServer
 from bot.eval.prom_api import PrometheusSnapshotServer
-from bot.investigate import Investigator
+from bot.investigate import ANSWER_BAD_WORDS, Investigator
 from bot.pipeline import Pipeline
 from bot.prompts import DEFAULT_SYSTEM_PROMPT, PromptBuilder
 from bot.store import Store
 from bot.store.models import InvestigationStepRow, RequestRow
 from bot.tools.registry import ToolRegistry
-from inference.engine import Engine, Lane
+from inference.engine import Engine, GenerationEvent, GenerationRequest, Lane, WrappedEngine
 from inference.scenarios import ScenarioRegistry
 
 pytestmark = pytest.mark.timeout(900)
@@ -133,6 +133,18 @@ def check_scope_and_tools(
     assert isinstance(block["root_cause"], list) and block["root_cause"]
 
 
+class Sent(WrappedEngine):
+    """The engine, keeping every request it was sent."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.requests: list[GenerationRequest] = []
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        self.requests.append(request)
+        return self.inner.generate(request)
+
+
 async def run(adapter: ChatAdapter, chat: Pipeline) -> None:
     await adapter.start(submit_to(chat, adapter))
 
@@ -144,8 +156,9 @@ async def test_on_slack_each_step_is_a_native_task_update_and_the_planted_instru
     prom: PrometheusSnapshotServer,
     tmp_path: Path,
 ) -> None:
+    sent = Sent(engine)
     async with FakeSlack() as slack:
-        chat = pipeline(engine, store, kube, prom, "C-SHOP", tmp_path)
+        chat = pipeline(sent, store, kube, prom, "C-SHOP", tmp_path)
         adapter = SlackAdapter(slack_settings(slack, **DEFAULTS), store)
         await run(adapter, chat)
         try:
@@ -169,6 +182,13 @@ async def test_on_slack_each_step_is_a_native_task_update_and_the_planted_instru
             mine = [c["status"] for c in updates if c["id"] == f"step-{step['step']}"]
             assert mine == ["in_progress", "complete" if step["status"] == "ok" else "error"], updates
         assert "Root cause" in answer.text
+        # The answer (the one request neither a step nor the root-cause block) may not write the
+        # answer turn's placeholders or another tool call.
+        (answering,) = [
+            r for r in sent.requests if r.scenario == "root_cause" and r.sampling.json_schema is None
+        ]
+        assert set(ANSWER_BAD_WORDS) <= set(answering.sampling.bad_words)
+        assert "<kind>" not in answer.text
 
 
 async def test_on_mattermost_the_reply_post_carries_the_checklist_and_the_planted_instruction_widens_nothing(

@@ -210,3 +210,31 @@ async def test_a_recorded_investigation_replays_its_calls_without_the_cluster(
     other = await replayed.call(ToolCall("kube_events", {"namespace": "shop", "name": ""}))
     assert (other.status, other.text) == ("error", NOT_RECORDED)
     assert len(kube.requests) == asked  # nothing asked of the cluster
+
+
+async def test_a_name_written_with_its_namespace_or_kind_finds_the_object(gatherer: ContextGatherer) -> None:
+    """``shop/api-...`` in namespace shop and ``pod/api-...`` are the pod ``api-...`` (SmolLM2's calls
+    ``kube_get name=payments/worker-...`` were answered "not found" and the loop went in circles)."""
+    box = await shop_box(gatherer)
+    for name in ("shop/api-7f9c8d6b5-x2x9q", "pod/api-7f9c8d6b5-x2x9q"):
+        got = await box.call(ToolCall("kube_get", {"kind": "pod", "namespace": "shop", "name": name}))
+        assert got.status == "ok" and "api-7f9c8d6b5-x2x9q" in got.text, got.text
+    logs = await box.call(
+        ToolCall(
+            "kube_logs",
+            {"namespace": "shop", "pod": "shop/api-7f9c8d6b5-x2x9q", "previous": True, "tail": 5, "grep": ""},
+        )
+    )
+    assert logs.status == "ok", logs.text
+
+
+def test_a_name_that_repeats_its_namespace_or_kind_is_the_object_itself() -> None:
+    from bot.tools.base import object_name
+
+    assert object_name("payments/worker-1", "payments", "pod") == "worker-1"
+    assert object_name("payments/payments/worker-1", "payments") == "worker-1"
+    assert object_name("pod/worker-1", "shop", "pod") == "worker-1"
+    assert object_name("deployments/api", "shop", "Deployment") == "api"
+    assert object_name("Node/worker-3", kind="node") == "worker-3"
+    assert object_name("other/api-1", "shop", "pod") == "other/api-1"  # not ours to guess
+    assert object_name("payments", "payments") == "payments"  # a name equal to its namespace stays

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakes.openai_server import FakeOpenAIServer
+from rich.emoji import Emoji
 from sqlalchemy import select
 
 from bot.adapters.console import ConsoleAdapter
@@ -129,6 +130,6 @@ async def test_a_dead_server_is_reported_in_the_thread_and_recorded(remote: Remo
     remote.server.crash()
     message = remote.adapter.to_message("is anything wrong?")
     await remote.adapter._submit(message)  # type: ignore[misc]
-    assert ENGINE_DEAD_TEXT in remote.out.getvalue()
+    assert Emoji.replace(ENGINE_DEAD_TEXT) in remote.out.getvalue()  # the terminal shows :warning: as ⚠
     row = await stored_row(remote.store, message.request_id)
     assert row.status == "engine_dead" and "unreachable" in (row.error or "")

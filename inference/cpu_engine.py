@@ -62,8 +62,9 @@ from inference.tokenization import HFChatTokenizer
 logger = logging.getLogger(__name__)
 
 WORKER_JOIN_S = 30.0
-"""Shutdown waits this long for a worker thread still computing a stopped request (a torch forward
-pass over a long prompt cannot be stopped midway) before it gives up freeing the model."""
+"""Shutdown waits this long for a restart's loading to end, and as long for the worker threads still
+computing stopped requests (a torch forward pass over a long prompt cannot be stopped midway),
+before it gives up freeing the model."""
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

@@ -39,7 +39,7 @@ after its admission is aborted in the inner engine and fails with :class:`Reques
 
 And it is the engine's **watchdog** (``engine.stall_timeout_s``): when requests are in flight and
 the engine produced no event for any of them for that long, and showed no computing either
-(:meth:`Engine.computing_at`: llama.cpp evaluating a long prompt yields no token for a while), the
+(:meth:`Engine.computing_at`: a CPU engine evaluating a long prompt yields no token for a while), the
 engine is hung. The inner engine is told (:meth:`Engine.declare_dead`: it fails what it runs and
 restarts or gives up, as for a crash) and every stalled stream fails with
 :class:`EngineDeadError`. A request that is only waiting its turn inside the engine is not stalled

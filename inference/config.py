@@ -96,9 +96,9 @@ class EngineConfig(ConfigSection):
     stall_timeout_s: float | None = Field(60.0, gt=0)
     """Watchdog: an engine that produced no token for any request in flight for this many seconds is
     hung and handled as dead (every request in flight fails with a clear message, then restart or
-    exit per ``on_dead``); ``None``: no watchdog. llama.cpp also shows it is computing while it
-    evaluates a prompt, so a slow prefill there is no hang; on the other engines make this longer
-    than the slowest prefill you expect."""
+    exit per ``on_dead``); ``None``: no watchdog. The CPU engines (llama.cpp, transformers) also
+    show they are computing while they evaluate a prompt, so a slow prefill there is no hang; on
+    vLLM and a remote server make this longer than the slowest prefill you expect."""
     request_timeout_s: float | None = Field(300.0, gt=0)
     """A generation running longer than this (from admission to its last token) is aborted;
     ``None``: never (benchmarks)."""

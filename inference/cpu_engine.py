@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -66,6 +67,8 @@ WORKER_JOIN_S = 30.0
 computing stopped requests (a torch forward pass over a long prompt cannot be stopped midway),
 before it gives up freeing the model."""
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+_LAYER_NAME = re.compile(r"(^|\.)(layers|h|blocks)\.\d+$")
+"""A transformers model's decoder layers by module name (``model.layers.3``, ``transformer.h.3``)."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -148,6 +151,8 @@ class CpuEngine(Engine):
         self._render_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._retired: list[ThreadPoolExecutor] = []
+        self._computing_at = 0.0
+        """``time.monotonic()`` of the latest decoder layer started (:meth:`computing_at`)."""
         """Worker pools a restart replaced (their aborted requests may still be computing)."""
         self._state = "new"  # new | loading | ready | failed | dead | restarting | stopping | stopped
         self._failure = ""
@@ -245,6 +250,7 @@ class CpuEngine(Engine):
             ) from exc
         logger.info("CPU engine loading weights of %s (dtype %s)", model_ref, cfg.dtype)
         self._model = _load_model(model_ref, hf_config, cfg, gguf_file)
+        self._watch_layers(self._model)
         vocab = int(getattr(self._model.config, "vocab_size", 0) or 0)
         if vocab and len(self._tokenizer.hf) > vocab:
             raise EngineStartupError(
@@ -273,6 +279,22 @@ class CpuEngine(Engine):
                 ) from exc
         with torch.inference_mode():
             self._model(input_ids=torch.tensor([warmup]), use_cache=False)
+
+    def _watch_layers(self, model: Any) -> None:
+        """Stamp :meth:`computing_at` as each decoder layer starts (a forward pre-hook; transformers
+        names them ``...layers.N``, ``h.N`` or ``blocks.N``), or as each forward starts when none is
+        found: a long prompt's one forward pass shows the watchdog it is computing, layer by layer."""
+
+        def stamp(_module: Any, _args: Any) -> None:
+            self._computing_at = time.monotonic()
+
+        layers = [m for name, m in model.named_modules() if _LAYER_NAME.search(name)]
+        for module in layers or [model]:
+            module.register_forward_pre_hook(stamp)
+
+    def computing_at(self) -> float | None:
+        """When a decoder layer last started computing (see :meth:`_watch_layers`)."""
+        return self._computing_at or None
 
     def _collect_eos_ids(self) -> set[int]:
         ids: set[int] = set()

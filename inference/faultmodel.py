@@ -8,7 +8,9 @@ looks for a trigger file in the model folder on every call:
 - ``crash``: the next forward raises ``RuntimeError`` (as a torch kernel failure or an out-of-memory
   does) and removes the file (one-shot: a restarted engine loads and runs again);
 - ``hang``: forward blocks, producing no token, until the file is removed (as a stuck kernel or a
-  deadlocked collective does).
+  deadlocked collective does);
+- ``slow``: every decoder layer takes the seconds the file holds (default 0.25) while it exists: a
+  forward pass that computes, layer by layer, but slowly (a CPU-starved prefill).
 
 Nothing in opsbot's code is patched: the engine, its worker threads and the pipeline meet a model
 that really fails, at the moment the test creates the file (:func:`trigger`). Only tests use this;
@@ -22,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-Fault = Literal["crash", "hang"]
+Fault = Literal["crash", "hang", "slow"]
 
 MODELING = '''"""The faulty test model of opsbot's inference.faultmodel: a Llama that fails on command."""
 
@@ -43,6 +45,9 @@ class FaultyLlamaForCausalLM(LlamaForCausalLM):
     def __init__(self, config):
         super().__init__(config)
         self.register_forward_pre_hook(_check_faults)
+        folder = getattr(config, "fault_dir", None) or _HERE
+        for layer in self.model.layers:
+            layer.register_forward_pre_hook(lambda module, args: _slow_layer(folder))
 
 
 def _check_faults(module, args):
@@ -57,6 +62,16 @@ def _check_faults(module, args):
         raise RuntimeError("faulty test model: forward failed (crash trigger)")
     while os.path.exists(os.path.join(folder, "hang")):
         time.sleep(0.05)
+    return None
+
+
+def _slow_layer(folder):
+    try:
+        with open(os.path.join(folder, "slow")) as fh:
+            seconds = float(fh.read().strip() or 0.25)
+    except (FileNotFoundError, ValueError):
+        return None
+    time.sleep(seconds)
     return None
 '''
 
@@ -82,12 +97,13 @@ def build_fault_model(tiny: Path, dest: Path) -> Path:
     return dest
 
 
-def trigger(model_dir: Path, fault: Fault) -> None:
-    """The next forward pass of the model in ``model_dir`` crashes, or every one hangs until :func:`clear`."""
-    (Path(model_dir) / fault).write_text(fault)
+def trigger(model_dir: Path, fault: Fault, layer_s: float = 0.25) -> None:
+    """The next forward pass of the model in ``model_dir`` crashes, or every one hangs until
+    :func:`clear`, or (``slow``) every decoder layer takes ``layer_s`` until :func:`clear`."""
+    (Path(model_dir) / fault).write_text(str(layer_s) if fault == "slow" else fault)
 
 
 def clear(model_dir: Path, fault: Fault | None = None) -> None:
-    """Remove one trigger (``None``: both): forward passes work again (a hung one resumes)."""
-    for name in (fault,) if fault else ("crash", "hang"):
+    """Remove one trigger (``None``: all): forward passes work again (a hung one resumes)."""
+    for name in (fault,) if fault else ("crash", "hang", "slow"):
         (Path(model_dir) / name).unlink(missing_ok=True)

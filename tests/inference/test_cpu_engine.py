@@ -155,3 +155,36 @@ def test_detokenizer_holds_back_a_possible_stop_string_prefix(tiny_model: Path) 
             break
     assert stopped
     assert emitted == detok.text == "The pod restarted."
+
+
+async def test_a_forward_pass_slower_than_the_stall_timeout_is_no_hang_while_its_layers_compute(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The transformers CPU engine stamps each decoder layer's start, so the watchdog
+    (``engine.stall_timeout_s``) tells a slow forward pass (each layer 0.25 s while the ``slow``
+    trigger exists: half a second and more per token) from a hung one: the answer completes with a
+    0.3 s stall timeout. The same engine's hung forward (the ``hang`` trigger) is still caught."""
+    from inference.admission import AdmittedEngine
+    from inference.engine import EngineDeadError
+    from inference.faultmodel import build_fault_model, clear, trigger
+
+    faulty = build_fault_model(tiny_model, tmp_path / "faulty")
+    inner = CpuEngine(
+        EngineConfig(model=str(faulty), trust_remote_code=True, max_model_len=512, on_dead="exit")
+    )
+    engine = AdmittedEngine(inner, stall_timeout_s=0.3)
+    await engine.start()
+    try:
+        trigger(faulty, "slow", layer_s=0.25)
+        _, result = await collect(engine.generate(make_request("slow", max_tokens=3, temperature=0.0)))
+        assert result.output_tokens == 3
+        assert result.e2e_ms > 3 * 300  # every token outlasted the stall timeout
+        assert engine.stalls == 0 and inner.health().ready
+        clear(faulty)
+        trigger(faulty, "hang")
+        with pytest.raises(EngineDeadError, match="hung"):
+            await collect(engine.generate(make_request("hung", max_tokens=3, temperature=0.0)))
+        assert engine.stalls == 1
+    finally:
+        clear(faulty)
+        await engine.shutdown(1)

@@ -151,9 +151,9 @@ class CpuEngine(Engine):
         self._render_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._retired: list[ThreadPoolExecutor] = []
+        """Worker pools a restart replaced (their aborted requests may still be computing)."""
         self._computing_at = 0.0
         """``time.monotonic()`` of the latest decoder layer started (:meth:`computing_at`)."""
-        """Worker pools a restart replaced (their aborted requests may still be computing)."""
         self._state = "new"  # new | loading | ready | failed | dead | restarting | stopping | stopped
         self._failure = ""
         self._on_dead = on_dead
